@@ -1,0 +1,315 @@
+"""The coordinator as a deterministic state machine (seed 000).
+
+Inputs: `step(message)` for node responses and health reports, `tick()`.
+Output: `ready()`: metadata to persist (durably, before anything is sent), then messages.
+
+Per shard it fences the ensemble with NewTerm, acts on a majority of responses after a
+short grace for the rest, elects the top-ranked eligible responder with BecomeLeader,
+adds late responders with AddFollower, and keeps every ensemble member in the current
+term from the health reports: a member in an older term gets NewTerm again, a fenced
+member of the current term is added to the leader. A failed leader triggers a new
+election; a failed follower changes nothing while a quorum remains.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from quorumstore.protocol.election import Candidate, choose_leader
+from quorumstore.protocol.messages import (
+    AddFollower,
+    BecomeLeader,
+    BecomeLeaderResponse,
+    Message,
+    NewTerm,
+    NewTermResponse,
+    NodeStatus,
+    Outbound,
+    ShardKey,
+    ShardStatus,
+    StatusRequest,
+)
+from quorumstore.protocol.quorum import majority
+from quorumstore.protocol.types import NO_TERM, Role
+
+HASH_SPACE = 1 << 32
+
+
+class ShardState(enum.Enum):
+    ELECTION = "election"
+    ONLINE = "online"
+    OFFLINE = "offline"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardMetadata:
+    """What the coordinator persists per shard."""
+
+    shard: ShardKey
+    ensemble: tuple[str, ...]
+    hash_range: tuple[int, int]
+    term: int = NO_TERM
+    leader: str | None = None
+    state: ShardState = ShardState.ELECTION
+    eligible: frozenset[str] = frozenset()
+    known_commit_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMetadata:
+    version: int
+    shards: dict[ShardKey, ShardMetadata]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    replication_factor: int = 3
+    #: A follower more than this many entries behind the commit offset leaves the live set.
+    max_lag: int = 10_000
+    #: Ticks to wait for the rest of the ensemble once a majority answered NewTerm.
+    election_grace_ticks: int = 1
+    #: Ticks before an unanswered NewTerm / AddFollower is sent again.
+    retry_ticks: int = 3
+    #: Ticks without a BecomeLeaderResponse before the election restarts in a new term.
+    become_leader_timeout_ticks: int = 10
+    #: Ticks without a health report before a node is considered failed.
+    node_failure_ticks: int = 5
+
+
+def initial_metadata(
+    nodes: list[str], namespaces: dict[str, int], replication_factor: int
+) -> ClusterMetadata:
+    """Shards of each namespace tile the 32-bit hash space; ensembles rotate over nodes."""
+    if replication_factor > len(nodes):
+        raise ValueError(
+            f"replication factor {replication_factor} needs at least that many nodes, got {len(nodes)}"
+        )
+    shards: dict[ShardKey, ShardMetadata] = {}
+    placement = 0
+    for namespace, count in sorted(namespaces.items()):
+        if count < 1:
+            raise ValueError(f"namespace {namespace!r} needs at least one shard, got {count}")
+        for i in range(count):
+            low = i * HASH_SPACE // count
+            high = (i + 1) * HASH_SPACE // count - 1
+            ensemble = tuple(nodes[(placement + k) % len(nodes)] for k in range(replication_factor))
+            placement += 1
+            shards[(namespace, i)] = ShardMetadata((namespace, i), ensemble, (low, high), eligible=frozenset(ensemble))
+    return ClusterMetadata(0, shards)
+
+
+@dataclass(slots=True)
+class _Election:
+    term: int
+    responses: dict[str, NewTermResponse] = field(default_factory=dict)
+    ticks_since_majority: int = -1
+    candidate: str | None = None
+    ticks_since_become_leader: int = 0
+
+
+@dataclass(slots=True)
+class CoordinatorReady:
+    """Persist `metadata` (if set) durably, then send `messages`."""
+
+    metadata: ClusterMetadata | None = None
+    messages: list[Outbound] = field(default_factory=list)
+    assignments_changed: bool = False
+
+
+class Coordinator:
+    def __init__(self, nodes: list[str], metadata: ClusterMetadata, config: CoordinatorConfig = CoordinatorConfig()):
+        self.nodes = list(nodes)
+        self.config = config
+        self._meta = dict(metadata.shards)
+        self._version = metadata.version
+        self._now = 0
+        self._last_seen = {node: 0 for node in nodes}
+        self._reports: dict[str, dict[ShardKey, ShardStatus]] = {}
+        self._elections: dict[ShardKey, _Election] = {}
+        self._retry_at: dict[tuple[ShardKey, str], int] = {}
+        self._dirty = False
+        self._assignments_changed = False
+        self._out: list[Outbound] = []
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def metadata(self) -> ClusterMetadata:
+        return ClusterMetadata(self._version, dict(self._meta))
+
+    def shard(self, key: ShardKey) -> ShardMetadata:
+        return self._meta[key]
+
+    def node_alive(self, node: str) -> bool:
+        return self._now - self._last_seen.get(node, -(10**9)) <= self.config.node_failure_ticks
+
+    # ------------------------------------------------------------------ inputs
+
+    def tick(self) -> None:
+        self._now += 1
+        for node in self.nodes:
+            self._out.append(Outbound(node, StatusRequest()))
+        for key in sorted(self._meta):
+            self._tick_shard(key)
+
+    def step(self, msg: Message) -> None:
+        if isinstance(msg, NewTermResponse):
+            self._on_new_term_response(msg)
+        elif isinstance(msg, BecomeLeaderResponse):
+            self._on_become_leader_response(msg)
+        elif isinstance(msg, NodeStatus):
+            self._on_node_status(msg)
+
+    def ready(self) -> CoordinatorReady:
+        ready = CoordinatorReady(self.metadata if self._dirty else None, self._out, self._assignments_changed)
+        self._out = []
+        self._dirty = False
+        self._assignments_changed = False
+        return ready
+
+    # ------------------------------------------------------------------ elections
+
+    def _update(self, key: ShardKey, **changes: object) -> ShardMetadata:
+        meta = replace(self._meta[key], **changes)
+        self._meta[key] = meta
+        self._version += 1
+        self._dirty = True
+        return meta
+
+    def start_election(self, key: ShardKey) -> None:
+        meta = self._meta[key]
+        term = meta.term + 1
+        self._update(key, term=term, leader=None, state=ShardState.ELECTION)
+        self._assignments_changed = True
+        self._elections[key] = _Election(term)
+        for node in meta.ensemble:
+            self._send_new_term(key, node, term)
+
+    def _send_new_term(self, key: ShardKey, node: str, term: int) -> None:
+        self._retry_at[(key, node)] = self._now + self.config.retry_ticks
+        self._out.append(Outbound(node, NewTerm(key, term)))
+
+    def _tick_shard(self, key: ShardKey) -> None:
+        meta = self._meta[key]
+        election = self._elections.get(key)
+        if meta.state is ShardState.ONLINE:
+            if meta.leader is not None and not self.node_alive(meta.leader):
+                self.start_election(key)
+            return
+        if election is None or election.term != meta.term:
+            self.start_election(key)
+            return
+        for node in meta.ensemble:
+            if node not in election.responses and self._now >= self._retry_at.get((key, node), 0):
+                self._send_new_term(key, node, election.term)
+        if election.candidate is not None:
+            election.ticks_since_become_leader += 1
+            if election.ticks_since_become_leader > self.config.become_leader_timeout_ticks:
+                self.start_election(key)
+            return
+        if election.ticks_since_majority >= 0:
+            election.ticks_since_majority += 1
+            if election.ticks_since_majority > self.config.election_grace_ticks:
+                self._try_elect(key, election)
+
+    def _on_new_term_response(self, msg: NewTermResponse) -> None:
+        meta = self._meta.get(msg.shard)
+        if meta is None or msg.term != meta.term or msg.node not in meta.ensemble:
+            return
+        election = self._elections.get(msg.shard)
+        if meta.state is ShardState.ONLINE and meta.leader is not None:
+            # A late responder: the leader adopts it (seed 000, AddFollower).
+            self._add_follower(msg.shard, meta, msg.node, msg)
+            return
+        if election is None or election.term != msg.term:
+            return
+        election.responses[msg.node] = msg
+        if election.candidate is not None:
+            return
+        if len(election.responses) == len(meta.ensemble):
+            self._try_elect(msg.shard, election)
+        elif len(election.responses) >= majority(len(meta.ensemble)) and election.ticks_since_majority < 0:
+            election.ticks_since_majority = 0
+
+    def _try_elect(self, key: ShardKey, election: _Election) -> None:
+        meta = self._meta[key]
+        candidates = [Candidate(node, r.head) for node, r in election.responses.items()]
+        choice = choose_leader(
+            candidates,
+            ensemble_size=len(meta.ensemble),
+            eligible=meta.eligible,
+            known_commit_offset=meta.known_commit_offset,
+        )
+        if choice.leader is None:
+            if meta.state is not ShardState.OFFLINE:
+                self._update(key, state=ShardState.OFFLINE)
+            return
+        election.candidate = choice.leader
+        followers = {node: r.head for node, r in election.responses.items() if node != choice.leader}
+        self._out.append(
+            Outbound(choice.leader, BecomeLeader(key, election.term, len(meta.ensemble), followers))
+        )
+
+    def _on_become_leader_response(self, msg: BecomeLeaderResponse) -> None:
+        meta = self._meta.get(msg.shard)
+        election = self._elections.get(msg.shard)
+        if meta is None or election is None or msg.term != meta.term or msg.node != election.candidate:
+            return
+        if meta.state is ShardState.ONLINE:
+            return
+        meta = self._update(msg.shard, leader=msg.node, state=ShardState.ONLINE)
+        self._assignments_changed = True
+        for node, response in election.responses.items():
+            if node != msg.node and response.term == meta.term and node not in self._follower_map_of(election):
+                self._add_follower(msg.shard, meta, node, response)
+
+    @staticmethod
+    def _follower_map_of(election: _Election) -> set[str]:
+        return {n for n in election.responses if n != election.candidate}
+
+    def _add_follower(self, key: ShardKey, meta: ShardMetadata, node: str, response: NewTermResponse | ShardStatus) -> None:
+        assert meta.leader is not None
+        self._retry_at[(key, node)] = self._now + self.config.retry_ticks
+        self._out.append(Outbound(meta.leader, AddFollower(key, meta.term, node, response.head)))
+
+    # ------------------------------------------------------------------ health
+
+    def _on_node_status(self, msg: NodeStatus) -> None:
+        if msg.node not in self._last_seen:
+            return
+        self._last_seen[msg.node] = self._now
+        reported = {s.shard: s for s in msg.shards}
+        self._reports[msg.node] = reported
+        for key, meta in self._meta.items():
+            if msg.node not in meta.ensemble:
+                continue
+            status = reported.get(key)
+            if meta.state is not ShardState.ONLINE or meta.leader is None:
+                continue
+            if msg.node == meta.leader:
+                self._on_leader_status(key, meta, status)
+            else:
+                self._on_member_status(key, meta, msg.node, status)
+
+    def _on_leader_status(self, key: ShardKey, meta: ShardMetadata, status: ShardStatus | None) -> None:
+        if status is None or status.role is not Role.LEADER or status.term != meta.term:
+            self.start_election(key)  # the leader restarted or was fenced
+            return
+        in_sync = {f.name for f in status.followers if status.commit_offset - f.acked_offset <= self.config.max_lag}
+        eligible = frozenset(in_sync | {meta.leader})
+        commit = max(meta.known_commit_offset, status.commit_offset)
+        if eligible != meta.eligible:
+            self._update(key, eligible=eligible, known_commit_offset=commit)
+        else:
+            # Kept in memory between saves: a stale value on disk only makes elections stricter.
+            self._meta[key] = replace(meta, known_commit_offset=commit)
+
+    def _on_member_status(self, key: ShardKey, meta: ShardMetadata, node: str, status: ShardStatus | None) -> None:
+        if self._now < self._retry_at.get((key, node), 0):
+            return
+        term = status.term if status is not None else NO_TERM
+        if term < meta.term:
+            self._send_new_term(key, node, meta.term)
+        elif status is not None and term == meta.term and status.role is Role.FENCED:
+            self._add_follower(key, meta, node, status)

@@ -1,0 +1,60 @@
+"""Leader choice after fencing (seed 000, with seed 004's live replica set).
+
+Pure functions, apart from the coordinator so the rule reads on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quorumstore.protocol.types import LogPosition
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    node: str
+    head: LogPosition
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The outcome: a leader, or the reason the shard must stay offline."""
+
+    leader: str | None
+    reason: str = ""
+
+
+def rank(candidate: Candidate, eligible: frozenset[str]) -> tuple[int, int, bool, str]:
+    """Highest (term, offset) of the head entry wins (invariant 4); among equal heads a
+    member of the live replica set, then the name, breaks the tie."""
+    return (candidate.head.term, candidate.head.offset, candidate.node in eligible, candidate.node)
+
+
+def choose_leader(
+    responses: list[Candidate],
+    *,
+    ensemble_size: int,
+    eligible: frozenset[str],
+    known_commit_offset: int,
+) -> Choice:
+    """Picks the responder with the highest head entry, if it may lead.
+
+    Only the top-ranked responder can lead without truncating an entry some other
+    responder holds, so a lower-ranked one is never chosen instead. It must hold every
+    entry known to be committed, and, unless the whole ensemble answered (then nobody
+    holds more than it does), it must be in the live replica set: it was not lagging
+    when the leader last reported. Otherwise the shard stays offline until a better
+    responder answers, rather than electing a leader that could lose committed data.
+    """
+    if not responses:
+        return Choice(None, "no NewTerm responses")
+    best = max(responses, key=lambda c: rank(c, eligible))
+    if best.node not in eligible and len(responses) < ensemble_size:
+        return Choice(None, f"best candidate {best.node} {best.head.entry_id} is not in the live replica set")
+    if best.head.offset < known_commit_offset:
+        return Choice(
+            None,
+            f"best candidate {best.node} ends at offset {best.head.offset}, "
+            f"before the last known commit offset {known_commit_offset}",
+        )
+    return Choice(best.node)

@@ -1,0 +1,499 @@
+"""One shard replica as a deterministic state machine (seed 001).
+
+Inputs: `step(message)`, `tick()`, `propose(payload)`, `persisted(offset)`.
+Output: `ready()`, a `Ready` of storage effects and messages for the driver. There are
+no sockets, threads, files or clocks in here; the driver (a gRPC server, or the
+simulator) owns all of those.
+
+Roles follow seed 001's state diagram, written as a transition table so that an
+illegal transition is a named error rather than a silent branch (as in h11's
+`_state.py`). Two notes on the table:
+- a leader that receives a reply carrying a higher term has missed a NewTerm; it
+  steps down exactly as NewTerm would make it (seeds 002 and 003, "zombie leaders");
+- `Truncate` is also accepted by a Follower (a self-loop): the leader's reconcile loop
+  may need to cut a follower that already follows but reported a head the leader lacks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from quorumstore.protocol.log_view import LogView
+from quorumstore.protocol.messages import (
+    COORDINATOR,
+    Ack,
+    AckStatus,
+    AddFollower,
+    Append,
+    BecomeLeader,
+    BecomeLeaderResponse,
+    FollowerStatus,
+    Message,
+    NewTerm,
+    NewTermResponse,
+    Outbound,
+    Ready,
+    SendSnapshot,
+    ShardKey,
+    ShardStatus,
+    SnapshotReceived,
+    Truncate,
+    TruncateResponse,
+)
+from quorumstore.protocol.quorum import QuorumAckTracker
+from quorumstore.protocol.types import EMPTY_POSITION, NO_TERM, LogPosition, LogReader, Role, make_entry
+
+
+class Trigger(enum.Enum):
+    NEW_TERM = "NewTerm"
+    REPLICATE = "Replicate"
+    TRUNCATE = "Truncate"
+    SNAPSHOT = "Snapshot"
+    BECOME_LEADER = "BecomeLeader"
+    ADD_FOLLOWER = "AddFollower"
+
+
+TRANSITIONS: dict[tuple[Role, Trigger], Role] = {
+    (Role.NOT_MEMBER, Trigger.NEW_TERM): Role.FENCED,
+    (Role.FENCED, Trigger.NEW_TERM): Role.FENCED,
+    (Role.FOLLOWER, Trigger.NEW_TERM): Role.FENCED,
+    (Role.LEADER, Trigger.NEW_TERM): Role.FENCED,
+    (Role.FENCED, Trigger.REPLICATE): Role.FOLLOWER,
+    (Role.FOLLOWER, Trigger.REPLICATE): Role.FOLLOWER,
+    (Role.FENCED, Trigger.TRUNCATE): Role.FOLLOWER,
+    (Role.FOLLOWER, Trigger.TRUNCATE): Role.FOLLOWER,
+    (Role.FENCED, Trigger.SNAPSHOT): Role.FOLLOWER,
+    (Role.FOLLOWER, Trigger.SNAPSHOT): Role.FOLLOWER,
+    (Role.FENCED, Trigger.BECOME_LEADER): Role.LEADER,
+    (Role.LEADER, Trigger.ADD_FOLLOWER): Role.LEADER,
+}
+
+
+class ProtocolError(Exception):
+    """A state the protocol forbids; raised instead of continuing with a corrupt replica."""
+
+
+class NotLeaderError(Exception):
+    """A write reached a replica that is not the shard's leader in its current term."""
+
+    def __init__(self, shard: ShardKey, role: Role, term: int, leader_hint: str | None):
+        super().__init__(
+            f"shard {shard[0]}/{shard[1]}: this replica is {role.value} in term {term}, "
+            "not the leader; refresh shard assignments and retry on the leader"
+        )
+        self.leader_hint = leader_hint
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    max_append_entries: int = 512
+    max_append_bytes: int = 4 * 1024 * 1024
+    #: Entries pushed to a follower but not yet acked before the leader pauses it.
+    max_inflight_entries: int = 8192
+    #: Ticks without progress before the leader re-sends from the follower's acked offset.
+    retransmit_ticks: int = 4
+    #: A snapshot stream gets this many times `retransmit_ticks` before it is restarted.
+    snapshot_patience: int = 5
+
+
+class CursorState(enum.Enum):
+    REPLICATE = "replicate"
+    TRUNCATING = "truncating"
+    SNAPSHOT = "snapshot"
+
+
+@dataclass(slots=True)
+class FollowCursor:
+    """The leader's view of one follower (seed 001): what was pushed and what was acked."""
+
+    name: str
+    state: CursorState
+    next_offset: int = 0
+    acked_offset: int = -1
+    idle_ticks: int = 0
+    truncate_to: LogPosition | None = None
+
+    @property
+    def last_pushed(self) -> int:
+        return self.next_offset - 1
+
+
+class ShardReplica:
+    def __init__(
+        self,
+        node: str,
+        shard: ShardKey,
+        log: LogReader,
+        *,
+        term: int,
+        commit_offset: int,
+        noop_payload: bytes,
+        config: ReplicaConfig = ReplicaConfig(),
+    ):
+        self.node = node
+        self.shard = shard
+        self.term = term
+        self.role = Role.FENCED if term > NO_TERM else Role.NOT_MEMBER
+        self.commit_offset = commit_offset
+        self.leader: str | None = None
+        self.config = config
+        self._log = LogView(log)
+        self._noop = noop_payload
+        #: Highest offset known to match the current term's leader (followers).
+        self._matched = -1
+        self._ack_due = False
+        self._ready = Ready()
+        # leader state
+        self._tracker: QuorumAckTracker | None = None
+        self._cursors: dict[str, FollowCursor] = {}
+        self._sent_commit: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ inputs
+
+    def step(self, msg: Message) -> None:
+        handler = _HANDLERS.get(type(msg))
+        if handler is None:
+            raise ProtocolError(f"a replica cannot handle {type(msg).__name__}")
+        handler(self, msg)
+
+    def tick(self) -> None:
+        if self.role is not Role.LEADER:
+            return
+        for cursor in self._cursors.values():
+            cursor.idle_ticks += 1
+            patience = self.config.retransmit_ticks
+            if cursor.state is CursorState.SNAPSHOT:
+                patience *= self.config.snapshot_patience
+            if cursor.idle_ticks < patience:
+                continue
+            cursor.idle_ticks = 0
+            if cursor.state is CursorState.REPLICATE:
+                cursor.next_offset = cursor.acked_offset + 1
+                self._send_append(cursor, heartbeat=True)
+            elif cursor.state is CursorState.TRUNCATING:
+                assert cursor.truncate_to is not None
+                self._send(cursor.name, Truncate(self.shard, self.term, self.node, cursor.truncate_to))
+            else:
+                self._ready.snapshots.append(SendSnapshot(self.shard, self.term, cursor.name))
+
+    def propose(self, payload: bytes) -> int:
+        """Appends a client write batch; returns its offset. Committed when `commit_offset` reaches it."""
+        if self.role is not Role.LEADER:
+            raise NotLeaderError(self.shard, self.role, self.term, self.leader)
+        entry = make_entry(self._log.head, self.term, payload)
+        self._log.append(entry)
+        return entry.offset
+
+    def persisted(self, offset: int) -> None:
+        """The driver synced the log up to `offset` (a leader counts its own ack here)."""
+        if self.role is Role.LEADER and self._tracker is not None:
+            self._tracker.ack(self.node, min(offset, self._log.head.offset))
+            self.commit_offset = self._tracker.commit_offset
+
+    def ready(self) -> Ready:
+        if self.role is Role.LEADER:
+            for cursor in self._cursors.values():
+                if cursor.state is CursorState.REPLICATE:
+                    self._send_append(cursor, heartbeat=False)
+        if self._ack_due and self.leader is not None:
+            self._ack_due = False
+            head = self._log.head
+            self._send(
+                self.leader,
+                Ack(self.shard, self.term, self.node, AckStatus.OK, min(head.offset, self._matched), head),
+                after_sync=True,
+            )
+        ready, self._ready = self._ready, Ready()
+        changes = self._log.take()
+        ready.truncate_after = changes.truncate_after
+        ready.install_snapshot = changes.reset_to
+        ready.entries = changes.entries
+        ready.commit_offset = self.commit_offset
+        return ready
+
+    # ------------------------------------------------------------------ status
+
+    @property
+    def head(self) -> LogPosition:
+        return self._log.head
+
+    @property
+    def matched_offset(self) -> int:
+        """A follower's highest offset known to match its leader's log in this term."""
+        return self._matched
+
+    def status(self) -> ShardStatus:
+        followers: tuple[FollowerStatus, ...] = ()
+        if self.role is Role.LEADER:
+            followers = tuple(
+                FollowerStatus(c.name, c.acked_offset) for c in sorted(self._cursors.values(), key=lambda c: c.name)
+            )
+        return ShardStatus(self.shard, self.term, self.role, self._log.head, self.commit_offset, followers)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _transition(self, trigger: Trigger) -> None:
+        new_role = TRANSITIONS.get((self.role, trigger))
+        if new_role is None:
+            raise ProtocolError(
+                f"shard {self.shard}: {trigger.value} is not allowed in state {self.role.value}"
+            )
+        if self.role is Role.LEADER and new_role is not Role.LEADER:
+            self._tracker = None
+            self._cursors.clear()
+            self._sent_commit.clear()
+        self.role = new_role
+
+    def _send(self, to: str, msg: Message, *, after_sync: bool = False) -> None:
+        (self._ready.send_after_sync if after_sync else self._ready.send_now).append(Outbound(to, msg))
+
+    def _enter_term(self, term: int) -> None:
+        self._transition(Trigger.NEW_TERM)
+        self.term = term
+        self.leader = None
+        self._matched = -1
+        self._ack_due = False
+        self._ready.term = term
+
+    # ------------------------------------------------------------------ coordinator
+
+    def _on_new_term(self, msg: NewTerm) -> None:
+        if msg.term < self.term or (msg.term == self.term and self.role is not Role.FENCED):
+            return  # stale or duplicate: NewTerm only moves a replica forward
+        if msg.term > self.term:
+            self._enter_term(msg.term)
+        response = NewTermResponse(self.shard, self.term, self.node, self._log.head, self.commit_offset)
+        self._send(COORDINATOR, response, after_sync=True)
+
+    def _on_become_leader(self, msg: BecomeLeader) -> None:
+        if msg.term != self.term:
+            return
+        if self.role is Role.LEADER:
+            self._send(COORDINATOR, BecomeLeaderResponse(self.shard, self.term, self.node, self._log.head))
+            return
+        if self.role is not Role.FENCED:
+            return
+        self._transition(Trigger.BECOME_LEADER)
+        self.leader = self.node
+        noop_offset = self.propose(self._noop)
+        self._tracker = QuorumAckTracker(msg.replication_factor, noop_offset, self.commit_offset)
+        for name, head in sorted(msg.follower_map.items()):
+            if name != self.node:
+                self._start_following(name, head)
+        self._send(
+            COORDINATOR, BecomeLeaderResponse(self.shard, self.term, self.node, self._log.head), after_sync=True
+        )
+
+    def _on_add_follower(self, msg: AddFollower) -> None:
+        if msg.term != self.term or self.role is not Role.LEADER or msg.follower == self.node:
+            return
+        existing = self._cursors.get(msg.follower)
+        if existing is not None and existing.acked_offset >= 0:
+            return  # already following in this term; a late duplicate must not reset it
+        self._transition(Trigger.ADD_FOLLOWER)
+        self._start_following(msg.follower, msg.follower_head)
+
+    # ------------------------------------------------------------------ leader side
+
+    def _start_following(self, name: str, head: LogPosition) -> None:
+        cursor = FollowCursor(name, CursorState.REPLICATE)
+        self._cursors[name] = cursor
+        self._reconcile(cursor, head)
+
+    def _reconcile(self, cursor: FollowCursor, follower_head: LogPosition) -> None:
+        """Decides how a follower whose log ends at `follower_head` catches up (seed 000)."""
+        cursor.idle_ticks = 0
+        head, base = self._log.head, self._log.base
+        fh = follower_head
+        if fh.offset < 0 and (self.commit_offset >= 0 or base.offset >= 0):
+            self._start_snapshot(cursor)
+            return
+        if fh.offset < base.offset:
+            self._start_snapshot(cursor)
+            return
+        if fh.offset <= head.offset and (fh.offset < 0 or self._log.position_at(fh.offset).checksum == fh.checksum):
+            # The follower's log is a prefix of ours (chain checksums match): push the rest.
+            cursor.state = CursorState.REPLICATE
+            cursor.truncate_to = None
+            cursor.next_offset = fh.offset + 1
+            if fh.offset > cursor.acked_offset:
+                cursor.acked_offset = fh.offset
+                assert self._tracker is not None
+                self._tracker.ack(cursor.name, fh.offset)
+                self.commit_offset = self._tracker.commit_offset
+            return
+        # The follower holds entries we do not have: cut it back to the last entry of its
+        # term (or earlier) that we hold, then check again (strictly lower each round).
+        limit = fh.offset - 1 if fh.offset <= head.offset else head.offset
+        if limit < base.offset:
+            self._start_snapshot(cursor)  # the common prefix lies in what we trimmed
+            return
+        target = self._log.last_position_in_term_at_most(fh.term, limit)
+        if target.offset > limit or target.term > fh.term:
+            self._start_snapshot(cursor)  # nothing we still hold can be the common prefix
+            return
+        cursor.state = CursorState.TRUNCATING
+        cursor.truncate_to = target
+        self._send(cursor.name, Truncate(self.shard, self.term, self.node, target))
+
+    def _start_snapshot(self, cursor: FollowCursor) -> None:
+        cursor.state = CursorState.SNAPSHOT
+        cursor.truncate_to = None
+        self._ready.snapshots.append(SendSnapshot(self.shard, self.term, cursor.name))
+
+    def _send_append(self, cursor: FollowCursor, *, heartbeat: bool) -> None:
+        if cursor.next_offset <= self._log.base.offset:
+            self._start_snapshot(cursor)  # what it needs next was trimmed away
+            return
+        head = self._log.head
+        cfg = self.config
+        sent = False
+        while cursor.next_offset <= head.offset and cursor.last_pushed - cursor.acked_offset < cfg.max_inflight_entries:
+            budget = min(cfg.max_append_entries, cfg.max_inflight_entries - (cursor.last_pushed - cursor.acked_offset))
+            entries = tuple(self._log.read(cursor.next_offset, budget, cfg.max_append_bytes))
+            if not entries:
+                break
+            prev = self._log.position_at(cursor.next_offset - 1) if cursor.next_offset > 0 else EMPTY_POSITION
+            self._send(cursor.name, Append(self.shard, self.term, self.node, prev, entries, self.commit_offset))
+            cursor.next_offset = entries[-1].offset + 1
+            sent = True
+        if sent:
+            self._sent_commit[cursor.name] = self.commit_offset
+            return
+        if heartbeat or self._sent_commit.get(cursor.name, -2) != self.commit_offset:
+            # An empty Append carries the commit offset and probes that the prefix matches.
+            prev_offset = cursor.next_offset - 1
+            prev = self._log.position_at(prev_offset) if prev_offset >= 0 else EMPTY_POSITION
+            if prev_offset < self._log.base.offset:
+                return
+            self._send(cursor.name, Append(self.shard, self.term, self.node, prev, (), self.commit_offset))
+            self._sent_commit[cursor.name] = self.commit_offset
+
+    def _on_ack(self, msg: Ack) -> None:
+        if msg.term != self.term:
+            if msg.status is AckStatus.STALE_TERM and msg.term > self.term and self.role is Role.LEADER:
+                self._enter_term(msg.term)  # deposed: a newer term exists (seed 002)
+            return
+        if self.role is not Role.LEADER:
+            return
+        cursor = self._cursors.get(msg.follower)
+        if cursor is None:
+            return
+        if msg.status is AckStatus.OK:
+            if cursor.state is CursorState.SNAPSHOT:
+                self._reconcile(cursor, msg.follower_head)  # the snapshot is installed
+                return
+            if msg.head_offset > cursor.acked_offset:
+                cursor.acked_offset = msg.head_offset
+                cursor.idle_ticks = 0
+                assert self._tracker is not None
+                self._tracker.ack(cursor.name, msg.head_offset)
+                self.commit_offset = self._tracker.commit_offset
+                if cursor.next_offset <= cursor.acked_offset:
+                    cursor.next_offset = cursor.acked_offset + 1
+            return
+        if cursor.state is not CursorState.REPLICATE or msg.follower_head.offset < cursor.acked_offset:
+            return  # a stale answer: a probe is under way or the follower has moved on
+        self._reconcile(cursor, msg.follower_head)
+
+    def _on_truncate_response(self, msg: TruncateResponse) -> None:
+        if msg.term != self.term or self.role is not Role.LEADER:
+            return
+        cursor = self._cursors.get(msg.follower)
+        if cursor is None or cursor.state is not CursorState.TRUNCATING:
+            return
+        self._reconcile(cursor, msg.head)
+
+    # ------------------------------------------------------------------ follower side
+
+    def _refuse_stale(self, leader: str, term: int) -> bool:
+        """True when a leader's message must be ignored; tells a stale leader so (seed 002)."""
+        if term < self.term:
+            self._send(leader, Ack(self.shard, self.term, self.node, AckStatus.STALE_TERM, -1, self._log.head))
+            return True
+        if term > self.term or self.role not in (Role.FENCED, Role.FOLLOWER):
+            return True  # a term we were not fenced into: only NewTerm moves us forward
+        return self.role is Role.FOLLOWER and self.leader != leader
+
+    def _on_append(self, msg: Append) -> None:
+        if self._refuse_stale(msg.leader, msg.term):
+            return
+        log = self._log
+        head, base, prev = log.head, log.base, msg.prev
+        if prev.offset > head.offset:
+            self._send(msg.leader, Ack(self.shard, self.term, self.node, AckStatus.GAP, -1, head), after_sync=True)
+            return
+        if prev.offset >= base.offset and prev.offset >= 0 and log.position_at(prev.offset).checksum != prev.checksum:
+            self._send(msg.leader, Ack(self.shard, self.term, self.node, AckStatus.MISMATCH, -1, head), after_sync=True)
+            return
+        self._transition(Trigger.REPLICATE)
+        self.leader = msg.leader
+        last = prev.offset
+        for entry in msg.entries:
+            if entry.offset <= head.offset and entry.offset <= base.offset:
+                last = entry.offset
+                continue
+            if entry.offset <= head.offset:
+                if log.position_at(entry.offset).checksum == entry.checksum:
+                    last = entry.offset
+                    continue
+                self._truncate_local(entry.offset - 1)  # a divergent suffix (seed 002)
+            log.append(entry)
+            head = log.head
+            last = entry.offset
+        self._matched = max(self._matched, last)
+        self.commit_offset = max(self.commit_offset, min(msg.commit_offset, self._matched))
+        self._ack_due = True
+
+    def _truncate_local(self, offset: int) -> None:
+        if offset < max(self._matched, self.commit_offset):
+            raise ProtocolError(
+                f"shard {self.shard}: refusing to truncate to {offset}, below matched "
+                f"{self._matched} / committed {self.commit_offset} entries"
+            )
+        self._log.truncate_after(offset)
+
+    def _on_truncate(self, msg: Truncate) -> None:
+        if self._refuse_stale(msg.leader, msg.term):
+            return
+        target = msg.head
+        head = self._log.head
+        floor = max(self._matched, self.commit_offset)
+        if floor <= target.offset < head.offset:
+            self._log.truncate_after(target.offset)
+        self._transition(Trigger.TRUNCATE)
+        self.leader = msg.leader
+        self._send(
+            msg.leader, TruncateResponse(self.shard, self.term, self.node, self._log.head), after_sync=True
+        )
+
+    def _on_snapshot(self, msg: SnapshotReceived) -> None:
+        if self._refuse_stale(msg.leader, msg.term):
+            return
+        position = msg.position
+        if position.offset > self.commit_offset and position.offset >= self._matched:
+            self._log.reset(position)
+            self._matched = position.offset
+            self.commit_offset = position.offset
+        self._transition(Trigger.SNAPSHOT)
+        self.leader = msg.leader
+        self._ack_due = True
+
+    def can_install_snapshot(self, term: int, leader: str) -> bool:
+        """Whether a snapshot streamed by `leader` in `term` would be accepted now."""
+        return term == self.term and self.role in (Role.FENCED, Role.FOLLOWER) and (
+            self.role is Role.FENCED or self.leader == leader
+        )
+
+
+_HANDLERS = {
+    NewTerm: ShardReplica._on_new_term,
+    BecomeLeader: ShardReplica._on_become_leader,
+    AddFollower: ShardReplica._on_add_follower,
+    Ack: ShardReplica._on_ack,
+    TruncateResponse: ShardReplica._on_truncate_response,
+    Append: ShardReplica._on_append,
+    Truncate: ShardReplica._on_truncate,
+    SnapshotReceived: ShardReplica._on_snapshot,
+}

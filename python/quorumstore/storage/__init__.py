@@ -1,0 +1,1 @@
+"""Durable storage of a replica: the write-ahead log (`wal`) and the key-value state."""

@@ -1,0 +1,117 @@
+"""Oxia's hierarchical key order, encoded so that plain byte order reproduces it.
+
+Oxia compares keys segment by segment on '/': at every level a key whose rest has
+no further '/' sorts before any key whose rest has one, so "a/z" < "a/b/c" and
+"b" < "a/c". An ordered byte store (RocksDB, a SortedDict) can only compare bytes,
+so each key is stored as
+
+    key "s0/s1/.../sn"  ->  0x02 esc(s0) 0x00 0x01  ...  0x02 esc(sn-1) 0x00 0x01  0x01 esc(sn)
+
+where esc() doubles every 0x00 as 0x00 0xFF. The tag says whether a further level
+follows (0x02) or this is the last segment (0x01); the terminator 0x00 0x01 sorts
+below every escaped byte, so a segment that is a prefix of another sorts first.
+Escaping the last segment too keeps 0x00 0x01 unambiguous, which is what lets whole
+Arrow arrays be encoded and decoded with string kernels instead of a loop per key.
+
+Encoded user keys start with 0x01 or 0x02; the storage layer keeps its own
+bookkeeping under INTERNAL_PREFIX (0x00), a key space no user key can reach.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+#: First byte of keys the storage layer reserves for itself.
+INTERNAL_PREFIX = b"\x00"
+#: Lowest possible encoded user key (the encoding of "").
+USER_KEYS_START = b"\x01"
+#: Strict upper bound of every encoded user key.
+USER_KEYS_END = b"\x03"
+
+_LAST = b"\x01"
+_MORE = b"\x02"
+_TERMINATOR = b"\x00\x01"
+_NEXT_LEVEL = _TERMINATOR + _MORE  # replaces a '/' that is not the last one
+_LAST_LEVEL = _TERMINATOR + _LAST  # replaces the last '/'
+_ESCAPED_ZERO = b"\x00\xff"
+# Binary arrays longer than this cannot exist (int32 offsets); used as "to the end".
+_MAX_LEN = 2**31 - 1
+
+
+def compare_keys(a: str, b: str) -> int:
+    """Oxia's CompareWithSlash on the UTF-8 bytes of `a` and `b`: -1, 0 or +1."""
+    x, y = a.encode(), b.encode()
+    while x and y:
+        ix, iy = x.find(b"/"), y.find(b"/")
+        if ix < 0 and iy < 0:
+            return (x > y) - (x < y)
+        if ix < 0:
+            return -1
+        if iy < 0:
+            return 1
+        sx, sy = x[:ix], y[:iy]
+        if sx != sy:
+            return -1 if sx < sy else 1
+        x, y = x[ix + 1 :], y[iy + 1 :]
+    return (len(x) > len(y)) - (len(x) < len(y))
+
+
+def encode_key(key: str) -> bytes:
+    """Byte string whose bytewise order among encoded keys is `compare_keys` order."""
+    data = key.encode()
+    if b"\x00" in data:
+        data = data.replace(b"\x00", _ESCAPED_ZERO)
+    head, slash, last = data.rpartition(b"/")
+    if not slash:
+        return _LAST + last
+    return _MORE + head.replace(b"/", _NEXT_LEVEL) + _LAST_LEVEL + last
+
+
+def decode_key(data: bytes) -> str:
+    """Inverse of `encode_key`; raises ValueError on bytes it cannot have produced."""
+    if not data or data[:1] not in (_LAST, _MORE):
+        raise ValueError(f"not an encoded user key: {data!r}")
+    body = data[1:]
+    if b"/" in body:
+        raise ValueError(f"encoded key contains a raw '/': {data!r}")
+    if data[:1] == _MORE:
+        head, sep, last = body.rpartition(_LAST_LEVEL)
+        if not sep or _LAST_LEVEL in head:
+            raise ValueError(f"encoded key has no single last-level marker: {data!r}")
+        body = head.replace(_NEXT_LEVEL, b"/") + b"/" + last
+    if body.count(b"\x00") != body.count(_ESCAPED_ZERO):
+        raise ValueError(f"encoded key contains an unescaped 0x00: {data!r}")
+    return body.replace(_ESCAPED_ZERO, b"\x00").decode()
+
+
+def encode_keys(keys: pa.Array) -> pa.BinaryArray:
+    """`encode_key` over a whole StringArray, with Arrow kernels only (nulls stay null)."""
+    data = pc.replace_substring(keys.cast(pa.binary()), b"\x00", _ESCAPED_ZERO)
+    # RE2 runs binary input in Latin-1 mode, so [^/] matches every other byte.
+    data = pc.replace_substring_regex(data, r"/([^/]*)\z", _LAST_LEVEL + rb"\1", max_replacements=1)
+    data = pc.replace_substring(data, b"/", _NEXT_LEVEL)
+    tags = pc.if_else(pc.match_substring(keys, "/"), pa.scalar(_MORE), pa.scalar(_LAST))
+    return pc.binary_join_element_wise(tags, data, pa.scalar(b""))
+
+
+def decode_keys(data: pa.Array) -> pa.StringArray:
+    """`decode_key` over a whole BinaryArray of encoded user keys, with Arrow kernels only.
+
+    Unlike `decode_key` it checks only that the result is valid UTF-8; it is meant for
+    keys read back from the store, which `encode_key` wrote.
+    """
+    body = pc.binary_slice(data, 1, _MAX_LEN)
+    body = pc.replace_substring(body, _NEXT_LEVEL, b"/")
+    body = pc.replace_substring(body, _LAST_LEVEL, b"/")
+    body = pc.replace_substring(body, _ESCAPED_ZERO, b"\x00")
+    return body.cast(pa.string())
+
+
+def key_range(min_inclusive: str, max_exclusive: str) -> tuple[bytes, bytes]:
+    """Encoded [start, end) for a scan of user keys; an empty max means unbounded.
+
+    The unbounded end is USER_KEYS_END, so a scan never strays into internal keys.
+    """
+    end = encode_key(max_exclusive) if max_exclusive else USER_KEYS_END
+    return encode_key(min_inclusive), end

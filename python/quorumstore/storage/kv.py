@@ -1,0 +1,398 @@
+"""Ordered byte-key stores behind one small interface: RocksDB on disk, a SortedDict in memory.
+
+The state machine needs point reads, ordered scans, floor/ceiling seeks, atomic
+multi-key writes and consistent read views; nothing else. `MemoryKv` additionally
+models crashes for the deterministic simulator.
+
+Scans on a live store are read in chunks that re-seek after the last key returned,
+so a suspended scan pins nothing and never breaks on writes made meanwhile; they are
+therefore not point-in-time (a write made while a scan is suspended may or may not
+show up). Readers that need one consistent state take `snapshot()`.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterator
+from itertools import islice
+from typing import Protocol
+
+from rocksdict import Options, Rdict, RdictIter, WriteBatch
+from sortedcontainers import SortedDict
+
+Item = tuple[bytes, bytes]
+
+# Scans read runs of growing size: short scans stay cheap, long ones amortise re-seeks.
+_FIRST_RUN = 16
+_MAX_RUN = 1024
+
+
+class KvClosedError(RuntimeError):
+    """A store or snapshot was used after `close()`."""
+
+
+class KvReader(Protocol):
+    """Read methods shared by stores and their snapshots. Bounds are [start, end)."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]: ...
+
+    def scan(self, start: bytes, end: bytes | None, reverse: bool = False) -> Iterator[Item]:
+        """Items with start <= key < end (end None: unbounded), ascending or descending."""
+        ...
+
+    def seek_le(self, key: bytes) -> Item | None: ...
+
+    def seek_ge(self, key: bytes) -> Item | None: ...
+
+    def seek_lt(self, key: bytes) -> Item | None: ...
+
+    def seek_gt(self, key: bytes) -> Item | None: ...
+
+
+class KvSnapshot(KvReader, Protocol):
+    """A consistent read view; `close()` releases what it pins."""
+
+    def close(self) -> None: ...
+
+
+class KvStore(KvReader, Protocol):
+    def write(
+        self,
+        puts: list[Item],
+        deletes: list[bytes],
+        delete_ranges: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Apply all changes atomically: delete_ranges first, then deletes, then puts."""
+        ...
+
+    def flush(self) -> None:
+        """Make every write so far durable (survive a crash or power loss)."""
+        ...
+
+    def snapshot(self) -> KvSnapshot: ...
+
+    def close(self) -> None:
+        """Flush, release the store and close its open snapshots."""
+        ...
+
+
+class _ChunkedReader:
+    """`scan` on top of `_run`, which each engine implements."""
+
+    def _run(
+        self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
+    ) -> list[Item]:
+        """Up to `limit` items of [start, end) in scan order, strictly past `after` if given."""
+        raise NotImplementedError
+
+    def scan(self, start: bytes, end: bytes | None, reverse: bool = False) -> Iterator[Item]:
+        after: bytes | None = None
+        limit = _FIRST_RUN
+        while True:
+            run = self._run(after, start, end, reverse, limit)
+            yield from run
+            if len(run) < limit:
+                return
+            after = run[-1][0]
+            limit = min(2 * limit, _MAX_RUN)
+
+
+def _valid_ranges(delete_ranges: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    # An empty or inverted range deletes nothing (RocksDB would reject an inverted one).
+    return [(start, end) for start, end in delete_ranges if start < end]
+
+
+# --- RocksDB -----------------------------------------------------------------
+
+
+class _RocksReader(_ChunkedReader):
+    def _iterator(self) -> RdictIter:
+        raise NotImplementedError
+
+    def _run(
+        self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
+    ) -> list[Item]:
+        it = self._iterator()
+        out: list[Item] = []
+        if not reverse:
+            it.seek(start if after is None else after)
+            if after is not None and it.valid() and it.key() == after:
+                it.next()
+            while it.valid() and len(out) < limit:
+                key = it.key()
+                if end is not None and key >= end:
+                    break
+                out.append((key, it.value()))
+                it.next()
+        else:
+            bound = end if after is None else after
+            if bound is None:
+                it.seek_to_last()
+            else:
+                it.seek_for_prev(bound)
+                if it.valid() and it.key() == bound:
+                    it.prev()
+            while it.valid() and len(out) < limit:
+                key = it.key()
+                if key < start:
+                    break
+                out.append((key, it.value()))
+                it.prev()
+        it.status()
+        return out
+
+    @staticmethod
+    def _here(it: RdictIter) -> Item | None:
+        if it.valid():
+            return it.key(), it.value()
+        it.status()
+        return None
+
+    def seek_ge(self, key: bytes) -> Item | None:
+        it = self._iterator()
+        it.seek(key)
+        return self._here(it)
+
+    def seek_gt(self, key: bytes) -> Item | None:
+        it = self._iterator()
+        it.seek(key)
+        if it.valid() and it.key() == key:
+            it.next()
+        return self._here(it)
+
+    def seek_le(self, key: bytes) -> Item | None:
+        it = self._iterator()
+        it.seek_for_prev(key)
+        return self._here(it)
+
+    def seek_lt(self, key: bytes) -> Item | None:
+        it = self._iterator()
+        it.seek_for_prev(key)
+        if it.valid() and it.key() == key:
+            it.prev()
+        return self._here(it)
+
+
+class _RocksSnapshot(_RocksReader):
+    """A view backed by one RocksDB iterator, which pins the state it was created at.
+
+    rocksdict 0.3's Snapshot applies the snapshot to point reads only (its iterators
+    read the latest state), so every read here, point reads included, goes through
+    the one pinned iterator.
+    """
+
+    def __init__(self, it: RdictIter, path: str) -> None:
+        self._it: RdictIter | None = it
+        self._path = path
+
+    def _iterator(self) -> RdictIter:
+        if self._it is None:
+            raise KvClosedError(f"snapshot of {self._path} is closed")
+        return self._it
+
+    def get(self, key: bytes) -> bytes | None:
+        it = self._iterator()
+        it.seek(key)
+        if it.valid() and it.key() == key:
+            return it.value()
+        it.status()
+        return None
+
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self.get(key) for key in keys]
+
+    def close(self) -> None:
+        self._it = None
+
+
+class RocksKv(_RocksReader):
+    """RocksDB in raw bytes mode. Writes go to its WAL unsynced; `flush` syncs the WAL."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(path)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db: Rdict | None = Rdict(self._path, options)
+        # Open snapshots keep the database open, so close() must release them first.
+        self._snapshots: weakref.WeakSet[_RocksSnapshot] = weakref.WeakSet()
+
+    def _live(self) -> Rdict:
+        if self._db is None:
+            raise KvClosedError(f"RocksKv at {self._path} is closed")
+        return self._db
+
+    def _iterator(self) -> RdictIter:
+        return self._live().iter()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._live().get(key)
+
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._live().get(keys)
+
+    def write(
+        self,
+        puts: list[Item],
+        deletes: list[bytes],
+        delete_ranges: list[tuple[bytes, bytes]],
+    ) -> None:
+        db = self._live()
+        batch = WriteBatch(raw_mode=True)
+        for start, end in _valid_ranges(delete_ranges):
+            batch.delete_range(start, end)
+        for key in deletes:
+            batch.delete(key)
+        for key, value in puts:
+            batch.put(key, value)
+        db.write(batch)
+
+    def flush(self) -> None:
+        self._live().flush_wal(True)
+
+    def snapshot(self) -> KvSnapshot:
+        view = _RocksSnapshot(self._live().iter(), self._path)
+        self._snapshots.add(view)
+        return view
+
+    def close(self) -> None:
+        if self._db is None:
+            return
+        for view in list(self._snapshots):
+            view.close()
+        self._db.flush_wal(True)
+        self._db.close()
+        self._db = None
+
+
+# --- In memory ---------------------------------------------------------------
+
+
+class _SortedReader(_ChunkedReader):
+    def __init__(self, data: SortedDict, name: str) -> None:
+        self._data = data
+        self._name = name
+        self._closed = False
+
+    def _sorted(self) -> SortedDict:
+        if self._closed:
+            raise KvClosedError(f"{self._name} is closed")
+        return self._data
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._sorted().get(key)
+
+    def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        data = self._sorted()
+        return [data.get(key) for key in keys]
+
+    def _run(
+        self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
+    ) -> list[Item]:
+        data = self._sorted()
+        if not reverse:
+            low = start if after is None else after
+            keys = data.irange(low, end, inclusive=(after is None, False))
+        else:
+            high = end if after is None else after
+            keys = data.irange(start, high, inclusive=(True, False), reverse=True)
+        return [(key, data[key]) for key in islice(keys, limit)]
+
+    def _at(self, index: int) -> Item | None:
+        data = self._sorted()
+        return data.peekitem(index) if 0 <= index < len(data) else None
+
+    def seek_ge(self, key: bytes) -> Item | None:
+        return self._at(self._sorted().bisect_left(key))
+
+    def seek_gt(self, key: bytes) -> Item | None:
+        return self._at(self._sorted().bisect_right(key))
+
+    def seek_le(self, key: bytes) -> Item | None:
+        return self._at(self._sorted().bisect_right(key) - 1)
+
+    def seek_lt(self, key: bytes) -> Item | None:
+        return self._at(self._sorted().bisect_left(key) - 1)
+
+
+class _MemorySnapshot(_SortedReader):
+    def close(self) -> None:
+        self._closed = True
+
+
+class MemoryKv(_SortedReader):
+    """A SortedDict store for the simulator; `crash()` loses every write since the last flush.
+
+    It keeps, per key changed since the last flush, the value it had then (None: absent),
+    so flush is O(1) and a crash costs only the keys that changed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(SortedDict(), "MemoryKv")
+        self._undo: dict[bytes, bytes | None] = {}
+        self._snapshots: weakref.WeakSet[_MemorySnapshot] = weakref.WeakSet()
+
+    def _remember(self, key: bytes) -> None:
+        if key not in self._undo:
+            self._undo[key] = self._data.get(key)
+
+    def write(
+        self,
+        puts: list[Item],
+        deletes: list[bytes],
+        delete_ranges: list[tuple[bytes, bytes]],
+    ) -> None:
+        data = self._sorted()
+        # Validate everything before changing anything: the write is all or nothing.
+        keys = (
+            [key for key, _ in puts] + deletes + [bound for pair in delete_ranges for bound in pair]
+        )
+        for item in keys + [value for _, value in puts]:
+            if type(item) is not bytes:
+                raise TypeError(f"MemoryKv stores bytes only, got {type(item).__name__}: {item!r}")
+        for start, end in _valid_ranges(delete_ranges):
+            for key in list(data.irange(start, end, inclusive=(True, False))):
+                self._remember(key)
+                del data[key]
+        for key in deletes:
+            if key in data:
+                self._remember(key)
+                del data[key]
+        for key, value in puts:
+            self._remember(key)
+            data[key] = value
+
+    def flush(self) -> None:
+        self._sorted()
+        self._undo.clear()
+
+    def snapshot(self) -> KvSnapshot:
+        view = _MemorySnapshot(self._sorted().copy(), "MemoryKv snapshot")
+        self._snapshots.add(view)
+        return view
+
+    def _close_snapshots(self) -> None:
+        for view in list(self._snapshots):
+            view.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self.flush()
+            self._close_snapshots()
+            self._closed = True
+
+    def crash(self) -> None:
+        """Lose every write since the last flush, as a killed process or a power cut would.
+
+        The store stays usable (it is "reopened"); its snapshots are gone with the process.
+        """
+        self._close_snapshots()
+        for key, value in self._undo.items():
+            if value is None:
+                self._data.pop(key, None)
+            else:
+                self._data[key] = value
+        self._undo.clear()
+        self._closed = False

@@ -1,0 +1,147 @@
+"""Streaming a shard's whole KV to a replica that is too far behind to catch up from the log.
+
+A snapshot is a sequence of chunks, each a self-contained Arrow IPC stream of raw
+(key, value) rows in key order, internal keys included. Every chunk's schema
+metadata carries its index and whether it is the last one; the first chunk's also
+carries the log position the KV is the application of. The installer refuses
+chunks out of order and a stream that ends before its last chunk.
+
+The installer writes the internal keys (the applied position among them) last, after
+all user data: a crash in the middle of an install leaves a KV without an applied
+position, which reads as "empty", never one that claims a position it does not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+
+from quorumstore.protocol.types import LogPosition
+from quorumstore.storage.keys import USER_KEYS_START
+from quorumstore.storage.kv import Item, KvReader, KvStore
+
+CHUNK_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary(), nullable=False),
+        pa.field("value", pa.binary(), nullable=False),
+    ]
+)
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+_INDEX = b"chunk_index"
+_LAST = b"last"
+_TERM = b"term"
+_OFFSET = b"offset"
+_CHECKSUM = b"checksum"
+
+
+def _runs(view: KvReader, chunk_bytes: int) -> Iterator[list[Item]]:
+    """The view's items in runs of about `chunk_bytes`; the last run may be empty."""
+    run: list[Item] = []
+    size = 0
+    for key, value in view.scan(b"", None):
+        run.append((key, value))
+        size += len(key) + len(value)
+        if size >= chunk_bytes:
+            yield run
+            run, size = [], 0
+    yield run
+
+
+def _encode_chunk(index: int, last: bool, items: list[Item], position: LogPosition | None) -> bytes:
+    metadata = {_INDEX: str(index).encode(), _LAST: b"1" if last else b"0"}
+    if position is not None:
+        metadata[_TERM] = str(position.term).encode()
+        metadata[_OFFSET] = str(position.offset).encode()
+        metadata[_CHECKSUM] = str(position.checksum).encode()
+    schema = CHUNK_SCHEMA.with_metadata(metadata)
+    keys = pa.array([key for key, _ in items], pa.binary())
+    values = pa.array([value for _, value in items], pa.binary())
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(pa.RecordBatch.from_arrays([keys, values], schema=schema))
+    return sink.getvalue().to_pybytes()
+
+
+def iter_snapshot_chunks(
+    view: KvReader, position: LogPosition, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[bytes]:
+    """Chunks of everything in `view` (a consistent snapshot), which holds `position`."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    runs = _runs(view, chunk_bytes)
+    # One run is held back so that the last chunk can say it is the last.
+    pending = next(runs)
+    index = 0
+    for run in runs:
+        yield _encode_chunk(index, False, pending, position if index == 0 else None)
+        index += 1
+        pending = run
+    yield _encode_chunk(index, True, pending, position if index == 0 else None)
+
+
+def _decode_chunk(data: bytes, expected_index: int) -> tuple[list[Item], dict[bytes, bytes]]:
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except pa.ArrowInvalid as e:
+        raise ValueError(f"snapshot chunk {expected_index} is not an Arrow IPC stream: {e}") from e
+    metadata = table.schema.metadata or {}
+    if not table.schema.equals(CHUNK_SCHEMA) or _INDEX not in metadata or _LAST not in metadata:
+        raise ValueError(
+            f"snapshot chunk {expected_index} has an unexpected schema:\n{table.schema}"
+        )
+    index = int(metadata[_INDEX])
+    if index != expected_index:
+        raise ValueError(
+            f"snapshot chunk {index} arrived where chunk {expected_index} was expected"
+        )
+    items = list(zip(table.column("key").to_pylist(), table.column("value").to_pylist()))
+    return items, metadata
+
+
+def _clear(kv: KvStore) -> None:
+    last = next(iter(kv.scan(b"", None, reverse=True)), None)
+    if last is not None:
+        kv.write([], [], [(b"", last[0] + b"\x00")])
+
+
+def install_snapshot(kv: KvStore, chunks: Iterable[bytes]) -> LogPosition:
+    """Replace everything in `kv` with the snapshot in `chunks`; return its position.
+
+    The KV is cleared only once the first chunk has been read and checked; it is
+    flushed at the end. Reopen the state machine on `kv` afterwards.
+    """
+    stream = iter(chunks)
+    first = next(stream, None)
+    if first is None:
+        raise ValueError("snapshot stream holds no chunks")
+    items, metadata = _decode_chunk(first, 0)
+    try:
+        position = LogPosition(
+            int(metadata[_TERM]), int(metadata[_OFFSET]), int(metadata[_CHECKSUM])
+        )
+    except KeyError as e:
+        raise ValueError(f"first snapshot chunk lacks its position field {e.args[0]!r}") from None
+
+    _clear(kv)
+    internal: list[Item] = []
+    index = 0
+    while True:
+        user = [item for item in items if item[0] >= USER_KEYS_START]
+        internal.extend(item for item in items if item[0] < USER_KEYS_START)
+        kv.write(user, [], [])
+        if metadata[_LAST] == b"1":
+            break
+        index += 1
+        data = next(stream, None)
+        if data is None:
+            raise ValueError(
+                f"snapshot stream ended after chunk {index - 1}, before its last chunk"
+            )
+        items, metadata = _decode_chunk(data, index)
+    if next(stream, None) is not None:
+        raise ValueError(f"snapshot stream continues after its last chunk {index}")
+    kv.write(internal, [], [])
+    kv.flush()
+    return position

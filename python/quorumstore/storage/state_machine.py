@@ -1,0 +1,449 @@
+"""A shard's KV as the application of the committed log prefix, applied exactly once.
+
+Every entry is applied with ONE atomic KV write that also records the entry's
+position (`applied`) and the version counter (`next_version_id`) under internal
+keys. After a crash the KV is therefore exactly the application of some prefix of
+the log, and re-applying the log from the start skips what that prefix holds.
+
+Semantics follow Oxia's server (db.go): version ids come from a per-shard counter
+bumped by every successful put, the creation time survives overwrites, a version
+check against an absent key fails unless it expects absence (-1), and ops in one
+batch see the effects of the ops before them.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition
+from quorumstore.storage.keys import (
+    INTERNAL_PREFIX,
+    USER_KEYS_END,
+    USER_KEYS_START,
+    decode_key,
+    decode_keys,
+    encode_key,
+    encode_keys,
+    key_range,
+)
+from quorumstore.storage.kv import KvReader, KvStore
+from quorumstore.storage.write_batch import (
+    VERSION_ID_NOT_EXISTS,
+    Op,
+    batch_timestamp_ms,
+    decode_batch,
+)
+
+APPLIED_KEY = INTERNAL_PREFIX + b"applied"
+NEXT_VERSION_ID_KEY = INTERNAL_PREFIX + b"next_version_id"
+
+_POSITION = struct.Struct("<qqQ")  # term, offset, chain checksum
+_COUNTER = struct.Struct("<q")
+_DIGEST = struct.Struct("<QQq")  # sum of record hashes, record count, next_version_id
+_U64 = (1 << 64) - 1
+
+# Record header: version_id, modifications_count, created_ms, modified_ms, session_id
+# (-1: none), flags, then the lengths of client_identity and partition_key, whose bytes
+# follow, then the value. Both lengths sit at fixed offsets so a whole Arrow array of
+# records can be decoded with kernels (scan_arrow).
+_HEADER = struct.Struct("<qqqqqBII")
+_HAS_CLIENT_IDENTITY = 1
+_HAS_PARTITION_KEY = 2
+_NO_SESSION = -1
+
+# Plain ints for the per-op loop.
+_PUT, _DELETE_RANGE = Op.PUT.value, Op.DELETE_RANGE.value
+_KNOWN_OPS = {op.value for op in Op}
+
+# Arrow binary arrays hold at most 2 GiB; cap scan_arrow batches well below that.
+_MAX_BATCH_BYTES = 256 << 20
+
+
+class Status(enum.IntEnum):
+    """Oxia's client.proto `Status`."""
+
+    OK = 0
+    KEY_NOT_FOUND = 1
+    UNEXPECTED_VERSION_ID = 2
+    SESSION_DOES_NOT_EXIST = 3
+
+
+class KeyComparison(enum.IntEnum):
+    """Oxia's client.proto `KeyComparisonType`, in hierarchical key order."""
+
+    EQUAL = 0
+    FLOOR = 1
+    CEILING = 2
+    LOWER = 3
+    HIGHER = 4
+
+
+class LogGapError(RuntimeError):
+    """An entry does not directly follow the last applied one."""
+
+
+class LogDivergenceError(RuntimeError):
+    """An entry at the applied offset differs from the one that was applied there."""
+
+
+class Record(NamedTuple):
+    """A stored value with its version: what a get or a successful put returns.
+
+    A NamedTuple rather than a frozen dataclass: as immutable, and several times
+    cheaper to build in the per-op apply loop.
+    """
+
+    value: bytes
+    version_id: int
+    modifications_count: int
+    created_ms: int
+    modified_ms: int
+    session_id: int | None = None
+    client_identity: str | None = None
+    partition_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    status: Status
+    version: Record | None = None
+
+
+_OK = OpResult(Status.OK)
+_KEY_NOT_FOUND = OpResult(Status.KEY_NOT_FOUND)
+_UNEXPECTED_VERSION_ID = OpResult(Status.UNEXPECTED_VERSION_ID)
+
+
+@dataclass(frozen=True, slots=True)
+class EntryResult:
+    offset: int
+    results: list[OpResult]
+
+
+def encode_record(record: Record) -> bytes:
+    flags = 0
+    client_identity = partition_key = b""
+    if record.client_identity is not None:
+        flags |= _HAS_CLIENT_IDENTITY
+        client_identity = record.client_identity.encode()
+    if record.partition_key is not None:
+        flags |= _HAS_PARTITION_KEY
+        partition_key = record.partition_key.encode()
+    header = _HEADER.pack(
+        record.version_id,
+        record.modifications_count,
+        record.created_ms,
+        record.modified_ms,
+        _NO_SESSION if record.session_id is None else record.session_id,
+        flags,
+        len(client_identity),
+        len(partition_key),
+    )
+    return b"".join((header, client_identity, partition_key, record.value))
+
+
+def decode_record(data: bytes) -> Record:
+    if len(data) < _HEADER.size:
+        raise ValueError(
+            f"record of {len(data)} bytes is shorter than its {_HEADER.size}-byte header"
+        )
+    version_id, mods, created, modified, session, flags, ci_len, pk_len = _HEADER.unpack_from(data)
+    value_at = _HEADER.size + ci_len + pk_len
+    if len(data) < value_at:
+        raise ValueError(
+            f"record of {len(data)} bytes is truncated: its strings end at byte {value_at}"
+        )
+    ci_at = _HEADER.size + ci_len
+    return Record(
+        value=data[value_at:],
+        version_id=version_id,
+        modifications_count=mods,
+        created_ms=created,
+        modified_ms=modified,
+        session_id=None if session == _NO_SESSION else session,
+        client_identity=data[_HEADER.size : ci_at].decode()
+        if flags & _HAS_CLIENT_IDENTITY
+        else None,
+        partition_key=data[ci_at:value_at].decode() if flags & _HAS_PARTITION_KEY else None,
+    )
+
+
+SCAN_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("value", pa.binary(), nullable=False),
+        pa.field("version_id", pa.int64(), nullable=False),
+        pa.field("modifications_count", pa.int64(), nullable=False),
+        pa.field("created_ms", pa.int64(), nullable=False),
+        pa.field("modified_ms", pa.int64(), nullable=False),
+    ]
+)
+
+
+def _fixed_width_data(array: pa.Array, width: int) -> pa.Buffer:
+    """The data buffer of a fixed-width array, from its first element (kernels may slice)."""
+    return array.buffers()[1].slice(array.offset * width)
+
+
+def _header_field(records: pa.BinaryArray, at: int, width: int, kind: pa.DataType) -> pa.Array:
+    """The integer at byte `at` of every record, as one Arrow array.
+
+    The bytes are reinterpreted in place, so this relies on Arrow's native byte order
+    being little-endian, as on every platform quorumstore runs on.
+    """
+    raw = pc.binary_slice(records, at, at + width).cast(pa.binary(width))
+    return pa.Array.from_buffers(kind, len(raw), [None, _fixed_width_data(raw, width)])
+
+
+def _records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
+    """SCAN_SCHEMA batch of raw KV items, decoded with Arrow kernels, not per row."""
+    records = pa.array(values, pa.binary())
+    if pc.any(pc.less(pc.binary_length(records), _HEADER.size)).as_py():
+        raise ValueError(f"a record is shorter than its {_HEADER.size}-byte header")
+    fields = [_header_field(records, 8 * i, 8, pa.int64()) for i in range(4)]
+    ci_len = _header_field(records, _HEADER.size - 8, 4, pa.uint32()).cast(pa.int32())
+    pk_len = _header_field(records, _HEADER.size - 4, 4, pa.uint32()).cast(pa.int32())
+    # Each value is the suffix of its record: a list view over the records' bytes picks
+    # the suffixes, flattening packs them, and their sizes give the new offsets.
+    n = len(records)
+    offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, records.buffers()[1]])
+    starts = pc.add(offsets.slice(0, n), pc.add(pc.add(ci_len, pk_len), _HEADER.size)).cast(
+        pa.int32()
+    )
+    sizes = pc.subtract(offsets.slice(1), starts).cast(pa.int32())
+    if pc.any(pc.less(sizes, 0)).as_py():
+        raise ValueError("a record is shorter than its header and strings")
+    data = records.buffers()[2]
+    all_bytes = pa.Array.from_buffers(pa.uint8(), len(data), [None, data])
+    packed = pc.list_flatten(pa.ListViewArray.from_arrays(starts, sizes, all_bytes))
+    new_offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(sizes)])
+    value = pa.Array.from_buffers(
+        pa.binary(), n, [None, new_offsets.buffers()[1], _fixed_width_data(packed, 1)]
+    )
+    key = decode_keys(pa.array(keys, pa.binary()))
+    return pa.RecordBatch.from_arrays([key, value, *fields], schema=SCAN_SCHEMA)
+
+
+def read_applied_position(kv: KvReader) -> LogPosition:
+    raw = kv.get(APPLIED_KEY)
+    return EMPTY_POSITION if raw is None else LogPosition(*_POSITION.unpack(raw))
+
+
+def read_next_version_id(kv: KvReader) -> int:
+    raw = kv.get(NEXT_VERSION_ID_KEY)
+    return 0 if raw is None else _COUNTER.unpack(raw)[0]
+
+
+class ShardReader:
+    """Oxia reads over a shard's KV, or over a consistent snapshot of it."""
+
+    def __init__(self, kv: KvReader) -> None:
+        self._kv = kv
+
+    @property
+    def applied_position(self) -> LogPosition:
+        return read_applied_position(self._kv)
+
+    @property
+    def next_version_id(self) -> int:
+        return read_next_version_id(self._kv)
+
+    def get(self, key: str) -> Record | None:
+        raw = self._kv.get(encode_key(key))
+        return None if raw is None else decode_record(raw)
+
+    def get_with_comparison(self, key: str, comparison: KeyComparison) -> tuple[str, Record] | None:
+        if comparison == KeyComparison.EQUAL:
+            record = self.get(key)
+            return None if record is None else (key, record)
+        seek = {
+            KeyComparison.FLOOR: self._kv.seek_le,
+            KeyComparison.CEILING: self._kv.seek_ge,
+            KeyComparison.LOWER: self._kv.seek_lt,
+            KeyComparison.HIGHER: self._kv.seek_gt,
+        }[KeyComparison(comparison)]
+        item = seek(encode_key(key))
+        if item is None or not USER_KEYS_START <= item[0] < USER_KEYS_END:
+            return None
+        return decode_key(item[0]), decode_record(item[1])
+
+    def list_keys(self, min_inclusive: str, max_exclusive: str) -> Iterator[str]:
+        """Keys in [min, max) in hierarchical order; an empty max means unbounded."""
+        for key, _ in self._kv.scan(*key_range(min_inclusive, max_exclusive)):
+            yield decode_key(key)
+
+    def range_scan(self, min_inclusive: str, max_exclusive: str) -> Iterator[tuple[str, Record]]:
+        for key, raw in self._kv.scan(*key_range(min_inclusive, max_exclusive)):
+            yield decode_key(key), decode_record(raw)
+
+    def scan_arrow(
+        self, min_inclusive: str, max_exclusive: str, batch_rows: int = 65536
+    ) -> Iterator[pa.RecordBatch]:
+        """`range_scan` as SCAN_SCHEMA record batches of at most `batch_rows` rows."""
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be positive, got {batch_rows}")
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        size = 0
+        for key, raw in self._kv.scan(*key_range(min_inclusive, max_exclusive)):
+            keys.append(key)
+            values.append(raw)
+            size += len(raw) + len(key)
+            if len(keys) == batch_rows or size >= _MAX_BATCH_BYTES:
+                yield _records_batch(keys, values)
+                keys, values, size = [], [], 0
+        if keys:
+            yield _records_batch(keys, values)
+
+    def state_digest(self) -> int:
+        """Order-independent hash of every user record and the version counter.
+
+        Two replicas that applied the same log prefix have equal digests whatever
+        engine they run on and however they got there (replay, crash, snapshot).
+        """
+        total = count = 0
+        for key, raw in self._kv.scan(USER_KEYS_START, USER_KEYS_END):
+            h = xxhash.xxh3_64(_COUNTER.pack(len(key)))
+            h.update(key)
+            h.update(raw)
+            total = (total + h.intdigest()) & _U64
+            count += 1
+        return xxhash.xxh3_64_intdigest(_DIGEST.pack(total, count, self.next_version_id))
+
+
+class ShardStateMachine(ShardReader):
+    """Applies committed entries to a KvStore, each exactly once, in offset order.
+
+    Create it after every (re)open of the KV, and after installing a snapshot into
+    it: the applied position and the version counter are read from the KV here.
+    """
+
+    def __init__(self, kv: KvStore) -> None:
+        super().__init__(kv)
+        self._store = kv
+        self._applied = read_applied_position(kv)
+        self._next_version_id = read_next_version_id(kv)
+
+    @property
+    def applied_position(self) -> LogPosition:
+        return self._applied
+
+    @property
+    def next_version_id(self) -> int:
+        return self._next_version_id
+
+    def apply(self, entries: Sequence[LogEntry]) -> list[EntryResult | None]:
+        """Apply `entries` in order; None for each one already applied before.
+
+        Re-applied entries happen only after a crash, when nobody waits for their
+        results, so those are not reconstructed.
+        """
+        results: list[EntryResult | None] = []
+        for entry in entries:
+            applied = self._applied
+            if entry.offset < applied.offset:
+                results.append(None)
+            elif entry.offset == applied.offset:
+                if (entry.term, entry.checksum) != (applied.term, applied.checksum):
+                    raise LogDivergenceError(
+                        f"entry at offset {entry.offset} has term {entry.term} and checksum "
+                        f"{entry.checksum:#x}, but the applied one had term {applied.term} and "
+                        f"checksum {applied.checksum:#x}"
+                    )
+                results.append(None)
+            elif entry.offset == applied.offset + 1:
+                results.append(self._apply_entry(entry))
+            else:
+                raise LogGapError(
+                    f"cannot apply entry at offset {entry.offset}: last applied offset is "
+                    f"{applied.offset}, so the next one must be {applied.offset + 1}"
+                )
+        return results
+
+    def _apply_entry(self, entry: LogEntry) -> EntryResult:
+        batch = decode_batch(entry.payload)
+        now = batch_timestamp_ms(batch)
+        columns = batch.to_pydict()
+        ops = columns["op"]
+        unknown = set(ops) - _KNOWN_OPS
+        if unknown:
+            raise ValueError(f"entry at offset {entry.offset} holds unknown ops {sorted(unknown)}")
+        keys = encode_keys(batch.column("key")).to_pylist()
+
+        # Stored state of every key a point op touches, read once; `changes` overlays
+        # what earlier ops of this batch did (None: deleted).
+        point_keys = list(dict.fromkeys(k for op, k in zip(ops, keys) if op != _DELETE_RANGE))
+        stored = dict(zip(point_keys, self._store.multi_get(point_keys)))
+        changes: dict[bytes, bytes | None] = {}
+        ranges: list[tuple[bytes, bytes]] = []
+        next_version_id = self._next_version_id
+        results: list[OpResult] = []
+
+        rows = zip(
+            ops,
+            keys,
+            columns["end_key"],
+            columns["value"],
+            columns["expected_version_id"],
+            columns["session_id"],
+            columns["client_identity"],
+            columns["partition_key"],
+        )
+        for op, key, end_key, value, want, session_id, client_identity, partition_key in rows:
+            if op == _DELETE_RANGE:
+                end = encode_key(end_key) if end_key else USER_KEYS_END
+                if key < end:
+                    ranges.append((key, end))
+                    for view in (stored, changes):
+                        for k in view:
+                            if key <= k < end:
+                                view[k] = None
+                results.append(_OK)
+                continue
+
+            current = changes[key] if key in changes else stored[key]
+            # (version_id, modifications_count, created_ms, ...) or None when absent.
+            header = None if current is None else _HEADER.unpack_from(current)
+            if want is not None and want != (
+                VERSION_ID_NOT_EXISTS if header is None else header[0]
+            ):
+                results.append(_UNEXPECTED_VERSION_ID)
+            elif op == _PUT:
+                record = Record(
+                    value or b"",
+                    next_version_id,
+                    0 if header is None else header[1] + 1,
+                    now if header is None else header[2],
+                    now,
+                    session_id,
+                    client_identity,
+                    partition_key,
+                )
+                next_version_id += 1
+                changes[key] = encode_record(record)
+                results.append(OpResult(Status.OK, record))
+            elif header is None:
+                results.append(_KEY_NOT_FOUND)
+            else:
+                changes[key] = None
+                results.append(_OK)
+
+        position = LogPosition(entry.term, entry.offset, entry.checksum)
+        puts = [(k, v) for k, v in changes.items() if v is not None]
+        puts.append(
+            (APPLIED_KEY, _POSITION.pack(position.term, position.offset, position.checksum))
+        )
+        puts.append((NEXT_VERSION_ID_KEY, _COUNTER.pack(next_version_id)))
+        deletes = [k for k, v in changes.items() if v is None]
+        self._store.write(puts, deletes, ranges)
+        self._applied = position
+        self._next_version_id = next_version_id
+        return EntryResult(entry.offset, results)

@@ -1,0 +1,168 @@
+"""The Arrow form of one client write batch, which is also one WAL entry's payload.
+
+A batch is a single Arrow record batch, one row per operation, applied in row order,
+IPC-stream encoded. The leader stamps it with its wall clock (`timestamp_ms` in the
+schema metadata) when it builds it: replicas derive record timestamps from the entry,
+never from their own clocks, so every replica computes identical records.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import pyarrow as pa
+
+#: Schema metadata key holding the leader's wall clock, in ms, as a decimal string.
+TIMESTAMP_KEY = b"timestamp_ms"
+#: `expected_version_id` meaning "the key must not exist".
+VERSION_ID_NOT_EXISTS = -1
+
+
+class Op(enum.IntEnum):
+    """Operation of one row (the `op` column)."""
+
+    PUT = 0
+    DELETE = 1
+    DELETE_RANGE = 2
+
+
+SCHEMA = pa.schema(
+    [
+        pa.field("op", pa.int8(), nullable=False),
+        # For DELETE_RANGE: the inclusive start.
+        pa.field("key", pa.string(), nullable=False),
+        # DELETE_RANGE's exclusive end; null or "" means unbounded, as for a list.
+        pa.field("end_key", pa.string()),
+        pa.field("value", pa.binary()),
+        # Null: unconditional; VERSION_ID_NOT_EXISTS: the key must be absent.
+        pa.field("expected_version_id", pa.int64()),
+        pa.field("session_id", pa.int64()),
+        pa.field("client_identity", pa.string()),
+        pa.field("partition_key", pa.string()),
+    ]
+)
+
+
+def _with_timestamp(timestamp_ms: int) -> pa.Schema:
+    return SCHEMA.with_metadata({TIMESTAMP_KEY: str(int(timestamp_ms)).encode()})
+
+
+def _check(batch: pa.RecordBatch) -> None:
+    if not batch.schema.equals(SCHEMA):
+        raise ValueError(f"write batch schema mismatch:\n{batch.schema}\nexpected:\n{SCHEMA}")
+    for field in SCHEMA:
+        if not field.nullable and batch.column(field.name).null_count:
+            raise ValueError(f"write batch column {field.name!r} holds nulls")
+    batch_timestamp_ms(batch)
+
+
+def encode_batch(batch: pa.RecordBatch) -> bytes:
+    """IPC-stream bytes of `batch`, which must have SCHEMA and a timestamp."""
+    _check(batch)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_batch(data: bytes) -> pa.RecordBatch:
+    """The record batch of a WAL entry payload; raises ValueError if it is not one."""
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        batches = list(reader)
+    except pa.ArrowInvalid as e:
+        raise ValueError(f"write batch is not an Arrow IPC stream: {e}") from e
+    if len(batches) != 1:
+        raise ValueError(f"write batch holds {len(batches)} record batches, expected 1")
+    _check(batches[0])
+    return batches[0]
+
+
+def batch_timestamp_ms(batch: pa.RecordBatch) -> int:
+    """The leader's wall clock recorded in the batch."""
+    raw = (batch.schema.metadata or {}).get(TIMESTAMP_KEY)
+    if raw is None:
+        raise ValueError("write batch has no timestamp_ms metadata")
+    return int(raw)
+
+
+class WriteBatchBuilder:
+    """Accumulates operations row by row; `build` turns them into an entry payload."""
+
+    def __init__(self) -> None:
+        self._columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+
+    def __len__(self) -> int:
+        return len(self._columns["op"])
+
+    def _add(
+        self,
+        op: Op,
+        key: str,
+        *,
+        end_key: str | None = None,
+        value: bytes | None = None,
+        expected_version_id: int | None = None,
+        session_id: int | None = None,
+        client_identity: str | None = None,
+        partition_key: str | None = None,
+    ) -> None:
+        row = (
+            op,
+            key,
+            end_key,
+            value,
+            expected_version_id,
+            session_id,
+            client_identity,
+            partition_key,
+        )
+        for column, item in zip(self._columns.values(), row):
+            column.append(item)
+
+    def add_put(
+        self,
+        key: str,
+        value: bytes,
+        expected_version_id: int | None = None,
+        session_id: int | None = None,
+        client_identity: str | None = None,
+        partition_key: str | None = None,
+    ) -> None:
+        self._add(
+            Op.PUT,
+            key,
+            value=value,
+            expected_version_id=expected_version_id,
+            session_id=session_id,
+            client_identity=client_identity,
+            partition_key=partition_key,
+        )
+
+    def add_delete(self, key: str, expected_version_id: int | None = None) -> None:
+        self._add(Op.DELETE, key, expected_version_id=expected_version_id)
+
+    def add_delete_range(self, start_inclusive: str, end_exclusive: str) -> None:
+        self._add(Op.DELETE_RANGE, start_inclusive, end_key=end_exclusive)
+
+    def build(self, timestamp_ms: int) -> bytes:
+        arrays = [
+            pa.array(column, field.type) for column, field in zip(self._columns.values(), SCHEMA)
+        ]
+        return encode_batch(
+            pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms))
+        )
+
+
+def puts_batch(keys: pa.Array, values: pa.Array, timestamp_ms: int) -> bytes:
+    """Payload of unconditional puts straight from Arrow arrays (no Python per key)."""
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} keys but {len(values)} values")
+    n = len(keys)
+    columns = {
+        "op": pa.repeat(pa.scalar(Op.PUT.value, pa.int8()), n),
+        "key": keys.cast(pa.string()),
+        "value": values.cast(pa.binary()),
+    }
+    arrays = [columns.get(field.name, pa.nulls(n, field.type)) for field in SCHEMA]
+    return encode_batch(pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms)))

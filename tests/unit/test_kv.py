@@ -1,0 +1,159 @@
+"""Both KV engines behave the same; RocksKv persists, MemoryKv models crashes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quorumstore.storage.kv import KvClosedError, KvStore, MemoryKv, RocksKv
+
+
+@pytest.fixture(params=["memory", "rocks"])
+def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KvStore]:
+    store: KvStore = MemoryKv() if request.param == "memory" else RocksKv(tmp_path / "db")
+    yield store
+    store.close()
+
+
+def fill(kv: KvStore, keys: list[bytes]) -> None:
+    kv.write([(k, b"v" + k) for k in keys], [], [])
+
+
+KEYS = [b"\x00meta", b"\x01a", b"\x01b", b"\x01c", b"\x02a", b"\x02a\x00", b"\x02b"]
+
+
+def test_point_reads(kv: KvStore) -> None:
+    fill(kv, KEYS)
+    assert kv.get(b"\x01b") == b"v\x01b"
+    assert kv.get(b"\x01bb") is None
+    assert kv.multi_get([b"\x02b", b"nope", b"\x00meta"]) == [b"v\x02b", None, b"v\x00meta"]
+    assert kv.multi_get([]) == []
+
+
+def keys(items: Iterator[tuple[bytes, bytes]]) -> list[bytes]:
+    return [k for k, _ in items]
+
+
+def test_scans(kv: KvStore) -> None:
+    fill(kv, KEYS)
+    assert keys(kv.scan(b"", None)) == KEYS
+    assert keys(kv.scan(b"\x01b", b"\x02a\x00")) == [b"\x01b", b"\x01c", b"\x02a"]
+    assert keys(kv.scan(b"\x01b", b"\x02a\x00", reverse=True)) == [b"\x02a", b"\x01c", b"\x01b"]
+    assert keys(kv.scan(b"\x01", None, reverse=True)) == KEYS[:0:-1]
+    assert keys(kv.scan(b"\x02", b"\x01")) == []
+    assert list(kv.scan(b"\x01a", b"\x01b")) == [(b"\x01a", b"v\x01a")]
+
+
+def test_seeks(kv: KvStore) -> None:
+    fill(kv, [b"b", b"d"])
+    assert kv.seek_ge(b"b") == (b"b", b"vb")
+    assert kv.seek_gt(b"b") == (b"d", b"vd")
+    assert kv.seek_le(b"c") == (b"b", b"vb")
+    assert kv.seek_lt(b"d") == (b"b", b"vb")
+    assert kv.seek_le(b"d") == (b"d", b"vd")
+    assert kv.seek_lt(b"b") is None
+    assert kv.seek_le(b"a") is None
+    assert kv.seek_gt(b"d") is None
+    assert kv.seek_ge(b"e") is None
+    assert kv.seek_ge(b"") == (b"b", b"vb")
+
+
+def test_write_applies_ranges_then_deletes_then_puts(kv: KvStore) -> None:
+    fill(kv, [b"a", b"b", b"c", b"d"])
+    kv.write(
+        puts=[(b"b", b"new"), (b"e", b"ve")],
+        deletes=[b"d", b"missing"],
+        delete_ranges=[(b"a", b"c"), (b"z", b"y")],  # the inverted range deletes nothing
+    )
+    assert list(kv.scan(b"", None)) == [(b"b", b"new"), (b"c", b"vc"), (b"e", b"ve")]
+
+
+def test_long_scan_survives_writes_while_suspended(kv: KvStore) -> None:
+    keys = [b"k%05d" % i for i in range(5000)]
+    fill(kv, keys)
+    seen = []
+    for i, (key, _) in enumerate(kv.scan(b"", None)):
+        seen.append(key)
+        if i == 100:
+            kv.write([], [], [(b"k00050", b"k00200")])
+    assert seen == sorted(set(seen))
+    assert seen[:101] == keys[:101]
+    assert seen[-1] == keys[-1]
+    assert b"k04000" in seen
+
+
+def test_snapshot_is_a_consistent_view(kv: KvStore) -> None:
+    fill(kv, [b"a", b"b", b"c"])
+    snap = kv.snapshot()
+    kv.write([(b"b", b"changed"), (b"d", b"vd")], [b"a"], [])
+    assert snap.get(b"a") == b"va"
+    assert snap.get(b"d") is None
+    assert snap.multi_get([b"b", b"d"]) == [b"vb", None]
+    assert list(snap.scan(b"", None)) == [(b"a", b"va"), (b"b", b"vb"), (b"c", b"vc")]
+    assert keys(snap.scan(b"", None, reverse=True)) == [b"c", b"b", b"a"]
+    assert snap.seek_gt(b"c") is None
+    assert snap.seek_lt(b"b") == (b"a", b"va")
+    assert kv.get(b"a") is None
+    snap.close()
+    with pytest.raises(KvClosedError):
+        snap.get(b"a")
+
+
+def test_use_after_close_fails(kv: KvStore) -> None:
+    snap = kv.snapshot()
+    kv.close()
+    with pytest.raises(KvClosedError):
+        kv.get(b"a")
+    with pytest.raises(KvClosedError):
+        kv.write([(b"a", b"b")], [], [])
+    with pytest.raises(KvClosedError):
+        list(snap.scan(b"", None))
+
+
+def test_rocks_persists_and_reopens_despite_open_snapshots(tmp_path: Path) -> None:
+    kv = RocksKv(tmp_path / "db")
+    fill(kv, [b"a", b"b"])
+    kv.write([], [b"a"], [])
+    snap = kv.snapshot()
+    scan = kv.scan(b"", None)
+    next(scan)
+    kv.close()  # must release the database although a snapshot and a scan are open
+    reopened = RocksKv(tmp_path / "db")
+    assert list(reopened.scan(b"", None)) == [(b"b", b"vb")]
+    reopened.close()
+    del snap
+
+
+def test_memory_crash_loses_unflushed_writes() -> None:
+    kv = MemoryKv()
+    fill(kv, [b"a", b"b", b"c"])
+    kv.flush()
+    kv.write([(b"a", b"changed"), (b"x", b"vx")], [b"b"], [(b"c", b"d")])
+    kv.write([(b"y", b"vy")], [b"x"], [])
+    snap = kv.snapshot()
+    kv.crash()
+    assert list(kv.scan(b"", None)) == [(b"a", b"va"), (b"b", b"vb"), (b"c", b"vc")]
+    with pytest.raises(KvClosedError):
+        snap.get(b"a")
+    kv.write([(b"z", b"vz")], [], [])
+    kv.flush()
+    kv.crash()
+    assert kv.get(b"z") == b"vz"
+
+
+def test_memory_close_is_a_clean_shutdown() -> None:
+    kv = MemoryKv()
+    fill(kv, [b"a"])
+    kv.close()
+    kv.crash()  # the process dies after a clean close: nothing is lost
+    assert kv.get(b"a") == b"va"
+
+
+def test_memory_write_is_all_or_nothing() -> None:
+    kv = MemoryKv()
+    fill(kv, [b"a"])
+    with pytest.raises(TypeError):
+        kv.write([(b"b", b"vb"), ("c", b"vc")], [b"a"], [])  # type: ignore[list-item]
+    assert list(kv.scan(b"", None)) == [(b"a", b"va")]

@@ -1,0 +1,667 @@
+"""Oxia write semantics, exactly-once application across crashes, reads, and snapshots."""
+
+from __future__ import annotations
+
+import functools
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
+from quorumstore.storage.keys import compare_keys
+from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
+from quorumstore.storage.snapshot import install_snapshot, iter_snapshot_chunks
+from quorumstore.storage.state_machine import (
+    APPLIED_KEY,
+    SCAN_SCHEMA,
+    EntryResult,
+    KeyComparison,
+    LogDivergenceError,
+    LogGapError,
+    OpResult,
+    Record,
+    ShardReader,
+    ShardStateMachine,
+    Status,
+    decode_record,
+    encode_record,
+)
+from quorumstore.storage.write_batch import (
+    SCHEMA,
+    Op,
+    WriteBatchBuilder,
+    batch_timestamp_ms,
+    decode_batch,
+    encode_batch,
+    puts_batch,
+)
+
+hierarchical = functools.cmp_to_key(compare_keys)
+
+
+def position_of(entry: LogEntry) -> LogPosition:
+    return LogPosition(entry.term, entry.offset, entry.checksum)
+
+
+def chain(
+    payloads: list[bytes], term: int = 1, after: LogPosition = EMPTY_POSITION
+) -> list[LogEntry]:
+    entries = []
+    for payload in payloads:
+        entry = make_entry(after, term, payload)
+        entries.append(entry)
+        after = position_of(entry)
+    return entries
+
+
+class Shard:
+    """A state machine plus the log it was fed, to append entries one batch at a time."""
+
+    def __init__(self, kv: KvStore) -> None:
+        self.kv = kv
+        self.sm = ShardStateMachine(kv)
+        self.head = self.sm.applied_position
+
+    def apply(self, builder: WriteBatchBuilder, timestamp_ms: int = 1_000) -> list[OpResult]:
+        entry = make_entry(self.head, 1, builder.build(timestamp_ms))
+        self.head = position_of(entry)
+        [result] = self.sm.apply([entry])
+        assert result is not None and result.offset == entry.offset
+        return result.results
+
+
+@pytest.fixture
+def shard() -> Shard:
+    return Shard(MemoryKv())
+
+
+def puts(*items: tuple[str, bytes], **options: object) -> WriteBatchBuilder:
+    builder = WriteBatchBuilder()
+    for key, value in items:
+        builder.add_put(key, value, **options)  # type: ignore[arg-type]
+    return builder
+
+
+# --- write batches -------------------------------------------------------------
+
+
+def test_builder_round_trip() -> None:
+    builder = WriteBatchBuilder()
+    builder.add_put(
+        "a", b"1", expected_version_id=-1, session_id=7, client_identity="me", partition_key="p"
+    )
+    builder.add_delete("b", expected_version_id=3)
+    builder.add_delete_range("c", "d")
+    batch = decode_batch(builder.build(timestamp_ms=42))
+    assert batch_timestamp_ms(batch) == 42
+    assert batch.to_pylist() == [
+        {
+            "op": Op.PUT,
+            "key": "a",
+            "end_key": None,
+            "value": b"1",
+            "expected_version_id": -1,
+            "session_id": 7,
+            "client_identity": "me",
+            "partition_key": "p",
+        },
+        {
+            "op": Op.DELETE,
+            "key": "b",
+            "end_key": None,
+            "value": None,
+            "expected_version_id": 3,
+            "session_id": None,
+            "client_identity": None,
+            "partition_key": None,
+        },
+        {
+            "op": Op.DELETE_RANGE,
+            "key": "c",
+            "end_key": "d",
+            "value": None,
+            "expected_version_id": None,
+            "session_id": None,
+            "client_identity": None,
+            "partition_key": None,
+        },
+    ]
+
+
+def test_puts_batch_from_arrow_arrays() -> None:
+    keys = pa.array(["x", "y/z"], pa.large_string())
+    batch = decode_batch(puts_batch(keys, pa.array(["1", "2"]), timestamp_ms=5))
+    assert batch.column("key").to_pylist() == ["x", "y/z"]
+    assert batch.column("value").to_pylist() == [b"1", b"2"]
+    assert batch.column("op").to_pylist() == [Op.PUT, Op.PUT]
+    assert batch.column("expected_version_id").null_count == 2
+    with pytest.raises(ValueError, match="2 keys but 1 values"):
+        puts_batch(keys, pa.array([b"1"]), 5)
+    with pytest.raises(ValueError, match="'key' holds nulls"):
+        puts_batch(pa.array(["a", None]), pa.array([b"1", b"2"]), 5)
+
+
+def test_empty_batch_is_valid() -> None:
+    assert decode_batch(WriteBatchBuilder().build(9)).num_rows == 0
+
+
+def test_decode_batch_rejects_foreign_payloads() -> None:
+    with pytest.raises(ValueError, match="not an Arrow IPC stream"):
+        decode_batch(b"garbage")
+    other = pa.RecordBatch.from_pydict({"x": [1]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, other.schema) as writer:
+        writer.write_batch(other)
+    with pytest.raises(ValueError, match="schema mismatch"):
+        decode_batch(sink.getvalue().to_pybytes())
+    with pytest.raises(ValueError, match="no timestamp_ms"):
+        encode_batch(pa.RecordBatch.from_pylist([], SCHEMA))
+
+
+# --- records -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        Record(b"", 0, 0, 0, 0),
+        Record(b"value", 5, 2, 10, 20, session_id=3, client_identity="", partition_key=None),
+        Record(
+            b"\x00" * 100,
+            2**40,
+            1,
+            -1,
+            2**62,
+            session_id=None,
+            client_identity="c\u00e9",
+            partition_key="p/q",
+        ),
+    ],
+)
+def test_record_round_trip(record: Record) -> None:
+    assert decode_record(encode_record(record)) == record
+
+
+def test_decode_record_rejects_truncated_bytes() -> None:
+    data = encode_record(Record(b"v", 1, 0, 0, 0, client_identity="identity"))
+    with pytest.raises(ValueError):
+        decode_record(data[:10])
+    with pytest.raises(ValueError):
+        decode_record(data[:-6])
+
+
+# --- write semantics -----------------------------------------------------------
+
+
+def test_versions_modification_counts_and_timestamps(shard: Shard) -> None:
+    [first] = shard.apply(puts(("a", b"1"), client_identity="c1"), timestamp_ms=100)
+    assert first == OpResult(Status.OK, Record(b"1", 0, 0, 100, 100, client_identity="c1"))
+    [other, again] = shard.apply(puts(("b", b"x"), ("a", b"2")), timestamp_ms=200)
+    assert other.version == Record(b"x", 1, 0, 200, 200)
+    # The creation time survives the overwrite; the identity is the new put's.
+    assert again.version == Record(b"2", 2, 1, 100, 200)
+    assert shard.sm.get("a") == again.version
+    assert shard.sm.next_version_id == 3
+
+
+def test_timestamps_come_from_the_entry_not_the_clock(shard: Shard) -> None:
+    [result] = shard.apply(puts(("k", b"v")), timestamp_ms=7)
+    assert (result.version.created_ms, result.version.modified_ms) == (7, 7)
+
+
+def test_expected_version_on_put(shard: Shard) -> None:
+    [created] = shard.apply(puts(("k", b"1"), expected_version_id=-1))
+    assert created.status == Status.OK
+    [exists] = shard.apply(puts(("k", b"2"), expected_version_id=-1))
+    [stale] = shard.apply(puts(("k", b"2"), expected_version_id=created.version.version_id + 1))
+    [absent] = shard.apply(puts(("missing", b"2"), expected_version_id=0))
+    assert [exists, stale, absent] == [OpResult(Status.UNEXPECTED_VERSION_ID)] * 3
+    assert shard.sm.get("k") == created.version
+    assert shard.sm.get("missing") is None
+    assert shard.sm.next_version_id == 1  # failed puts consume no version id
+    [updated] = shard.apply(puts(("k", b"3"), expected_version_id=created.version.version_id))
+    assert updated.version == Record(b"3", 1, 1, 1_000, 1_000)
+
+
+def test_delete_semantics(shard: Shard) -> None:
+    [put] = shard.apply(puts(("k", b"1")))
+    builder = WriteBatchBuilder()
+    builder.add_delete("missing")
+    builder.add_delete("missing", expected_version_id=-1)
+    builder.add_delete("missing", expected_version_id=4)
+    builder.add_delete("k", expected_version_id=-1)
+    builder.add_delete("k", expected_version_id=put.version.version_id + 1)
+    builder.add_delete("k", expected_version_id=put.version.version_id)
+    builder.add_delete("k")
+    assert [r.status for r in shard.apply(builder)] == [
+        Status.KEY_NOT_FOUND,
+        Status.KEY_NOT_FOUND,
+        Status.UNEXPECTED_VERSION_ID,
+        Status.UNEXPECTED_VERSION_ID,
+        Status.UNEXPECTED_VERSION_ID,
+        Status.OK,
+        Status.KEY_NOT_FOUND,
+    ]
+    assert shard.sm.get("k") is None
+
+
+RANGE_KEYS = ["", "a", "a/", "a/1", "a/2", "a/b/c", "a/y", "a/z", "a/z/1", "b", "/x", "a\x00/q"]
+
+
+@pytest.mark.parametrize(
+    "start,end", [("a/", "a/z"), ("a", "b"), ("a/1", ""), ("", "a/"), ("b", "a"), ("a/b/", "a/b/d")]
+)
+def test_delete_range_uses_hierarchical_order(shard: Shard, start: str, end: str) -> None:
+    shard.apply(puts(*((k, b"v") for k in RANGE_KEYS)))
+    builder = WriteBatchBuilder()
+    builder.add_delete_range(start, end)
+    assert shard.apply(builder) == [OpResult(Status.OK)]
+
+    def in_range(k: str) -> bool:
+        return compare_keys(start, k) <= 0 and (not end or compare_keys(k, end) < 0)
+
+    expected = sorted((k for k in RANGE_KEYS if not in_range(k)), key=hierarchical)
+    assert list(shard.sm.list_keys("", "")) == expected
+
+
+def test_ops_see_earlier_ops_of_the_same_batch(shard: Shard) -> None:
+    shard.apply(puts(("gone", b"0"), ("r/1", b"0")))
+    builder = WriteBatchBuilder()
+    builder.add_put("k", b"1", expected_version_id=-1)  # version 2
+    builder.add_put("k", b"2", expected_version_id=2)  # sees the put above
+    builder.add_put("k", b"3", expected_version_id=-1)  # k exists by now
+    builder.add_delete("gone")
+    builder.add_put("gone", b"back", expected_version_id=-1)  # sees the delete
+    builder.add_put("r/2", b"x")  # version 5, then deleted by the range
+    builder.add_delete_range("r/", "r/~")
+    builder.add_delete("r/1")  # already gone with the range
+    builder.add_put("r/3", b"y", expected_version_id=-1)  # version 6, after the range: stays
+    results = shard.apply(builder, timestamp_ms=50)
+    assert [r.status for r in results] == [
+        Status.OK,
+        Status.OK,
+        Status.UNEXPECTED_VERSION_ID,
+        Status.OK,
+        Status.OK,
+        Status.OK,
+        Status.OK,
+        Status.KEY_NOT_FOUND,
+        Status.OK,
+    ]
+    assert results[1].version == Record(b"2", 3, 1, 50, 50)
+    assert shard.sm.get("k") == results[1].version
+    assert shard.sm.get("gone") == Record(b"back", 4, 0, 50, 50)
+    assert list(shard.sm.list_keys("r/", "r/~")) == ["r/3"]
+    assert shard.sm.get("r/3").version_id == 6
+    assert shard.sm.next_version_id == 7
+
+
+def test_empty_entry_only_advances_the_applied_position(shard: Shard) -> None:
+    shard.apply(puts(("k", b"v")))
+    digest = shard.sm.state_digest()
+    assert shard.apply(WriteBatchBuilder()) == []
+    assert shard.sm.applied_position == shard.head
+    assert shard.sm.state_digest() == digest
+
+
+def test_unknown_op_is_rejected_before_anything_is_written(shard: Shard) -> None:
+    batch = pa.RecordBatch.from_pylist(
+        [{"op": 9, "key": "k"}], SCHEMA.with_metadata({b"timestamp_ms": b"1"})
+    )
+    entry = make_entry(EMPTY_POSITION, 1, encode_batch(batch))
+    with pytest.raises(ValueError, match=r"unknown ops \[9\]"):
+        shard.sm.apply([entry])
+    assert shard.sm.applied_position == EMPTY_POSITION
+
+
+# --- exactly once ----------------------------------------------------------------
+
+SMALL_KEYS = ["a", "b", "a/1", "a/2", "a/b/c", "b/x", "c\x00", "é/1"]
+
+
+def random_log(seed: int, length: int) -> list[LogEntry]:
+    """Mixed batches over a small key space, so that versions collide and matter."""
+    rng = random.Random(seed)
+    payloads = []
+    for i in range(length):
+        builder = WriteBatchBuilder()
+        for _ in range(rng.choice([0, 1, 2, 5, 12])):
+            roll = rng.random()
+            expected = None if roll < 0.6 else -1 if roll < 0.75 else rng.randrange(2 * i + 2)
+            roll = rng.random()
+            if roll < 0.7:
+                builder.add_put(
+                    rng.choice(SMALL_KEYS),
+                    rng.randbytes(rng.randrange(8)),
+                    expected,
+                    client_identity=rng.choice([None, "c1"]),
+                )
+            elif roll < 0.95:
+                builder.add_delete(rng.choice(SMALL_KEYS), expected)
+            else:
+                start, end = sorted(rng.sample(SMALL_KEYS, 2), key=hierarchical)
+                builder.add_delete_range(start, rng.choice([end, ""]))
+        payloads.append(builder.build(timestamp_ms=1_000 + 10 * i))
+    return chain(payloads, term=rng.choice([1, 2]))
+
+
+def replay(entries: list[LogEntry]) -> tuple[int, list[EntryResult | None]]:
+    sm = ShardStateMachine(MemoryKv())
+    results = sm.apply(entries)
+    return sm.state_digest(), results
+
+
+@pytest.mark.parametrize("seed,crash_after", [(1, 0), (2, 7), (3, 19), (4, 30)])
+def test_rocks_applies_each_entry_once_across_a_restart(
+    tmp_path: Path, seed: int, crash_after: int
+) -> None:
+    log = random_log(seed, 30)
+    digest, clean_results = replay(log)
+
+    kv = RocksKv(tmp_path / "db")
+    ShardStateMachine(kv).apply(log[:crash_after])
+    kv.close()
+
+    kv = RocksKv(tmp_path / "db")
+    sm = ShardStateMachine(kv)
+    assert sm.applied_position == (
+        position_of(log[crash_after - 1]) if crash_after else EMPTY_POSITION
+    )
+    results = sm.apply(log)  # the whole log again, from the start
+    assert results[:crash_after] == [None] * crash_after
+    assert results[crash_after:] == clean_results[crash_after:]
+    assert sm.state_digest() == digest
+    assert sm.applied_position == position_of(log[-1])
+    kv.close()
+
+
+_KILLED_CHILD = """
+import os, sys
+sys.path[:0] = sys.argv[4:]
+from test_state_machine import random_log
+from quorumstore.storage.kv import RocksKv
+from quorumstore.storage.state_machine import ShardStateMachine
+log = random_log(int(sys.argv[2]), 30)
+ShardStateMachine(RocksKv(sys.argv[1])).apply(log[: int(sys.argv[3])])
+os._exit(0)  # no flush, no close: the process just dies
+"""
+
+
+def test_rocks_recovers_from_a_killed_process(tmp_path: Path) -> None:
+    seed, applied = 21, 17
+    log = random_log(seed, 30)
+    digest, clean_results = replay(log)
+    paths = [str(Path(__file__).parent), *sys.path]
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_CHILD,
+            str(tmp_path / "db"),
+            str(seed),
+            str(applied),
+            *paths,
+        ],
+        check=True,
+        timeout=120,
+    )
+    kv = RocksKv(tmp_path / "db")
+    sm = ShardStateMachine(kv)
+    # Unsynced writes survive a process kill (they are in the OS page cache).
+    assert sm.applied_position == position_of(log[applied - 1])
+    assert sm.apply(log)[applied:] == clean_results[applied:]
+    assert sm.state_digest() == digest
+    kv.close()
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_memory_crash_rolls_back_to_the_last_flush_and_replays_once(seed: int) -> None:
+    log = random_log(seed, 40)
+    digest, clean_results = replay(log)
+    rng = random.Random(seed)
+    flushed_at, crash_at = sorted(rng.sample(range(1, 40), 2))
+
+    kv = MemoryKv()
+    sm = ShardStateMachine(kv)
+    sm.apply(log[:flushed_at])
+    kv.flush()
+    sm.apply(log[flushed_at:crash_at])
+    kv.crash()
+
+    sm = ShardStateMachine(kv)
+    assert sm.applied_position == position_of(log[flushed_at - 1])
+    results = sm.apply(log)
+    assert results[:flushed_at] == [None] * flushed_at
+    assert results[flushed_at:] == clean_results[flushed_at:]
+    assert sm.state_digest() == digest
+
+
+@pytest.mark.parametrize("seed", [8, 9])
+def test_engines_agree(tmp_path: Path, seed: int) -> None:
+    log = random_log(seed, 40)
+    memory = ShardStateMachine(MemoryKv())
+    rocks_kv = RocksKv(tmp_path / "db")
+    rocks = ShardStateMachine(rocks_kv)
+    assert memory.apply(log) == rocks.apply(log)
+    assert memory.state_digest() == rocks.state_digest()
+    assert list(memory.range_scan("", "")) == list(rocks.range_scan("", ""))
+    rocks_kv.close()
+
+
+def test_digest_sees_values_versions_and_the_counter() -> None:
+    def digest_of(*builders: WriteBatchBuilder) -> int:
+        shard = Shard(MemoryKv())
+        for builder in builders:
+            shard.apply(builder)
+        return shard.sm.state_digest()
+
+    base = digest_of(puts(("a", b"1"), ("b", b"2")))
+    assert digest_of(puts(("b", b"2"), ("a", b"1"))) != base  # same data, other versions
+    assert digest_of(puts(("a", b"1"), ("b", b"3"))) != base
+    assert digest_of(puts(("a", b"1"), ("b", b"2"), ("c", b"3")), _delete("c")) != base  # counter
+    assert digest_of(puts(("a", b"1"), ("b", b"2"))) == base
+
+
+def _delete(key: str) -> WriteBatchBuilder:
+    builder = WriteBatchBuilder()
+    builder.add_delete(key)
+    return builder
+
+
+def test_gap_and_divergence_are_errors(shard: Shard) -> None:
+    log = chain([puts(("k", b"v")).build(1)] * 3)
+    shard.sm.apply(log[:1])
+    with pytest.raises(LogGapError, match="offset 2: last applied offset is 0"):
+        shard.sm.apply([log[2]])
+    forked = make_entry(EMPTY_POSITION, 2, log[0].payload)
+    with pytest.raises(LogDivergenceError, match="offset 0"):
+        shard.sm.apply([forked])
+    assert shard.sm.apply(log) == [None, *replay(log)[1][1:]]
+
+
+# --- reads ---------------------------------------------------------------------
+
+READ_KEYS = ["a", "a/1", "a/2", "a/b/c", "b", "b/1", "c/d/e"]
+
+
+@pytest.fixture
+def loaded(shard: Shard) -> Shard:
+    shard.apply(puts(*((k, k.encode()) for k in READ_KEYS)))
+    return shard
+
+
+def expected_comparison(key: str, comparison: KeyComparison) -> str | None:
+    ordered = sorted(READ_KEYS, key=hierarchical)
+    matches = {
+        KeyComparison.EQUAL: [k for k in ordered if compare_keys(k, key) == 0],
+        KeyComparison.FLOOR: [k for k in ordered if compare_keys(k, key) <= 0][-1:],
+        KeyComparison.CEILING: [k for k in ordered if compare_keys(k, key) >= 0][:1],
+        KeyComparison.LOWER: [k for k in ordered if compare_keys(k, key) < 0][-1:],
+        KeyComparison.HIGHER: [k for k in ordered if compare_keys(k, key) > 0][:1],
+    }[comparison]
+    return matches[0] if matches else None
+
+
+@pytest.mark.parametrize("comparison", list(KeyComparison))
+@pytest.mark.parametrize(
+    "probe", ["", "a", "a/", "a/1", "a/15", "a/a", "a/z", "b/0", "c", "c/d/e", "zz", "/"]
+)
+def test_get_with_comparison(loaded: Shard, probe: str, comparison: KeyComparison) -> None:
+    found = loaded.sm.get_with_comparison(probe, comparison)
+    expected = expected_comparison(probe, comparison)
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found[0] == expected
+        assert found[1] == loaded.sm.get(expected)
+
+
+def test_list_keys_and_range_scan(loaded: Shard) -> None:
+    assert list(loaded.sm.list_keys("", "")) == sorted(READ_KEYS, key=hierarchical)
+    assert list(loaded.sm.list_keys("a/", "a/~")) == ["a/1", "a/2"]
+    assert list(loaded.sm.list_keys("b", "")) == ["b", "a/1", "a/2", "a/b/c", "b/1", "c/d/e"]
+    scanned = list(loaded.sm.range_scan("a", "a/2"))
+    assert [(k, r.value) for k, r in scanned] == [("a", b"a"), ("b", b"b"), ("a/1", b"a/1")]
+
+
+def test_scan_arrow_matches_range_scan(shard: Shard) -> None:
+    rng = random.Random(3)
+    builder = WriteBatchBuilder()
+    for i in range(300):
+        builder.add_put(
+            f"k/{i % 7}/{i}" if i % 3 else f"k{i}\x00",
+            rng.randbytes(rng.randrange(40)),
+            client_identity=rng.choice([None, "", "client-é"]),
+            partition_key=rng.choice([None, "p" * rng.randrange(20)]),
+        )
+    shard.apply(builder)
+    shard.apply(puts(("k/1/1", b"again")), timestamp_ms=2_000)
+
+    batches = list(shard.sm.scan_arrow("", "", batch_rows=64))
+    assert [b.num_rows for b in batches] == [64, 64, 64, 64, 44]
+    assert all(b.schema == SCAN_SCHEMA for b in batches)
+    rows = pa.Table.from_batches(batches).to_pylist()
+    expected = [
+        {
+            "key": k,
+            "value": r.value,
+            "version_id": r.version_id,
+            "modifications_count": r.modifications_count,
+            "created_ms": r.created_ms,
+            "modified_ms": r.modified_ms,
+        }
+        for k, r in shard.sm.range_scan("", "")
+    ]
+    assert rows == expected
+    assert list(shard.sm.scan_arrow("x", "y")) == []
+
+
+@pytest.mark.parametrize(
+    "values", [[b""], [b"", b""], [b"", b"abc"], [b"abc", b""], [b"", b"", b"x" * 70_000]]
+)
+def test_scan_arrow_with_empty_and_lone_values(shard: Shard, values: list[bytes]) -> None:
+    # Few non-empty values are where Arrow kernels return slices instead of copies.
+    shard.apply(puts(*((f"k{i}", v) for i, v in enumerate(values)), client_identity="c"))
+    [batch] = shard.sm.scan_arrow("", "")
+    batch.validate(full=True)
+    assert batch.column("value").to_pylist() == values
+
+
+def test_reader_over_a_snapshot(loaded: Shard) -> None:
+    view = loaded.kv.snapshot()
+    loaded.apply(puts(("a", b"new")))
+    reader = ShardReader(view)
+    assert reader.get("a").value == b"a"
+    assert reader.applied_position.offset == loaded.head.offset - 1
+    assert reader.next_version_id == len(READ_KEYS)
+
+
+# --- snapshots -------------------------------------------------------------------
+
+
+def engine(kind: str, path: Path) -> KvStore:
+    return MemoryKv() if kind == "memory" else RocksKv(path)
+
+
+@pytest.mark.parametrize(
+    "source_kind,target_kind", [("memory", "rocks"), ("rocks", "memory"), ("rocks", "rocks")]
+)
+def test_snapshot_round_trip(tmp_path: Path, source_kind: str, target_kind: str) -> None:
+    log = random_log(11, 40)
+    source_kv = engine(source_kind, tmp_path / "source")
+    source = ShardStateMachine(source_kv)
+    source.apply(log[:30])
+    view = source_kv.snapshot()
+    chunks = list(iter_snapshot_chunks(view, source.applied_position, chunk_bytes=64))
+    assert len(chunks) > 3
+    source_results = source.apply(log[30:])  # the view stays at offset 29
+
+    target_kv = engine(target_kind, tmp_path / "target")
+    target_kv.write([(b"\x01stale", b"x"), (b"\xffjunk", b"y"), (APPLIED_KEY, b"z" * 24)], [], [])
+    position = install_snapshot(target_kv, chunks)
+    assert position == position_of(log[29])
+    target = ShardStateMachine(target_kv)
+    assert target.applied_position == position
+    assert ShardReader(view).state_digest() == target.state_digest()
+    assert list(target_kv.scan(b"", None)) == list(view.scan(b"", None))
+
+    assert target.apply(log)[30:] == source_results
+    assert target.state_digest() == source.state_digest()
+    view.close()
+    source_kv.close()
+    target_kv.close()
+
+
+def test_snapshot_of_an_empty_kv(tmp_path: Path) -> None:
+    chunks = list(iter_snapshot_chunks(MemoryKv().snapshot(), EMPTY_POSITION))
+    assert len(chunks) == 1
+    target = RocksKv(tmp_path / "db")
+    assert install_snapshot(target, chunks) == EMPTY_POSITION
+    assert list(target.scan(b"", None)) == []
+    target.close()
+
+
+def snapshot_chunks() -> tuple[list[bytes], LogPosition]:
+    kv = MemoryKv()
+    sm = ShardStateMachine(kv)
+    sm.apply(random_log(12, 10))
+    return list(
+        iter_snapshot_chunks(kv.snapshot(), sm.applied_position, chunk_bytes=32)
+    ), sm.applied_position
+
+
+def test_interrupted_install_leaves_no_applied_position() -> None:
+    chunks, _ = snapshot_chunks()
+    kv = MemoryKv()
+    ShardStateMachine(kv).apply(random_log(13, 5))
+
+    def broken() -> Iterator[bytes]:
+        yield from chunks[:3]
+        raise ConnectionError("peer went away")
+
+    with pytest.raises(ConnectionError):
+        install_snapshot(kv, broken())
+    assert kv.get(APPLIED_KEY) is None
+    assert ShardStateMachine(kv).applied_position == EMPTY_POSITION
+
+
+@pytest.mark.parametrize(
+    "mangle,message",
+    [
+        (lambda c: [], "no chunks"),
+        (lambda c: c[:-1], "ended after chunk"),
+        (lambda c: [c[0], c[2], *c[3:]], "chunk 2 arrived where chunk 1"),
+        (lambda c: [*c, c[-1]], "continues after its last chunk"),
+        (lambda c: c[1:], "chunk 1 arrived where chunk 0"),
+        (lambda c: [b"junk"], "not an Arrow IPC stream"),
+    ],
+)
+def test_install_rejects_broken_streams(mangle, message: str) -> None:
+    chunks, _ = snapshot_chunks()
+    with pytest.raises(ValueError, match=message):
+        install_snapshot(MemoryKv(), mangle(chunks))
