@@ -200,7 +200,7 @@ class HealthPing(_message.Message):
     def __init__(self, ping_sequence: _Optional[int] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "role", "head", "commit_offset", "followers")
+    __slots__ = ("namespace", "shard", "term", "role", "head", "commit_offset", "followers", "node")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class ShardStatus(_message.Message):
     HEAD_FIELD_NUMBER: _ClassVar[int]
     COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
@@ -215,7 +216,8 @@ class ShardStatus(_message.Message):
     head: LogPosition
     commit_offset: int
     followers: _containers.RepeatedCompositeFieldContainer[FollowerStatus]
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ...) -> None: ...
+    node: str
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class HealthReport(_message.Message):
     __slots__ = ("node_name", "sequence", "shards", "ping_sequence")
@@ -260,7 +262,7 @@ class ShardAssignment(_message.Message):
     def __init__(self, shard: _Optional[int] = ..., hash_range: _Optional[_Union[HashRange, _Mapping]] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., followers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Append(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "commit_offset", "prev_checksum", "entries", "leader_name")
+    __slots__ = ("namespace", "shard", "term", "commit_offset", "prev_checksum", "entries", "leader_name", "prev_offset", "prev_term")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +270,8 @@ class Append(_message.Message):
     PREV_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LEADER_NAME_FIELD_NUMBER: _ClassVar[int]
+    PREV_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PREV_TERM_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
@@ -275,7 +279,9 @@ class Append(_message.Message):
     prev_checksum: int
     entries: _containers.RepeatedCompositeFieldContainer[LogEntry]
     leader_name: str
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., commit_offset: _Optional[int] = ..., prev_checksum: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ..., leader_name: _Optional[str] = ...) -> None: ...
+    prev_offset: int
+    prev_term: int
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., commit_offset: _Optional[int] = ..., prev_checksum: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ..., leader_name: _Optional[str] = ..., prev_offset: _Optional[int] = ..., prev_term: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("namespace", "shard", "term", "head_offset", "commit_offset", "status", "follower_head")
@@ -296,16 +302,18 @@ class Ack(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., status: _Optional[_Union[AckStatus, str]] = ..., follower_head: _Optional[_Union[LogPosition, _Mapping]] = ...) -> None: ...
 
 class TruncateRequest(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "head")
+    __slots__ = ("namespace", "shard", "term", "head", "leader_name")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
+    LEADER_NAME_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
     head: LogPosition
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ...) -> None: ...
+    leader_name: str
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., leader_name: _Optional[str] = ...) -> None: ...
 
 class TruncateResponse(_message.Message):
     __slots__ = ("namespace", "shard", "term", "head")
@@ -320,20 +328,22 @@ class TruncateResponse(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "position", "data", "last")
+    __slots__ = ("namespace", "shard", "term", "position", "data", "last", "leader_name")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    LEADER_NAME_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
     position: LogPosition
     data: bytes
     last: bool
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., position: _Optional[_Union[LogPosition, _Mapping]] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+    leader_name: str
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., position: _Optional[_Union[LogPosition, _Mapping]] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., leader_name: _Optional[str] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
     __slots__ = ("namespace", "shard", "term", "head")
@@ -376,3 +386,20 @@ class ShardMetadata(_message.Message):
     eligible: _containers.RepeatedScalarFieldContainer[str]
     last_known_commit_offset: int
     def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., ensemble: _Optional[_Iterable[str]] = ..., hash_range: _Optional[_Union[HashRange, _Mapping]] = ..., status: _Optional[_Union[ShardState, str]] = ..., eligible: _Optional[_Iterable[str]] = ..., last_known_commit_offset: _Optional[int] = ...) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("metadata", "replicas", "nodes_alive")
+    class NodesAliveEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bool
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bool] = ...) -> None: ...
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    NODES_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    metadata: CoordinatorMetadata
+    replicas: _containers.RepeatedCompositeFieldContainer[ShardStatus]
+    nodes_alive: _containers.ScalarMap[str, bool]
+    def __init__(self, metadata: _Optional[_Union[CoordinatorMetadata, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., nodes_alive: _Optional[_Mapping[str, bool]] = ...) -> None: ...

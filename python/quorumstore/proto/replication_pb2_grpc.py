@@ -491,3 +491,78 @@ class Replication:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CoordinatorAdminStub:
+    """Coordinator -> operators (the CLI's `status`): the cluster as the coordinator sees it.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetClusterStatus = channel.unary_unary(
+                '/quorumstore.replication.v1.CoordinatorAdmin/GetClusterStatus',
+                request_serializer=replication__pb2.Empty.SerializeToString,
+                response_deserializer=replication__pb2.ClusterStatus.FromString,
+                _registered_method=True)
+
+
+class CoordinatorAdminServicer:
+    """Coordinator -> operators (the CLI's `status`): the cluster as the coordinator sees it.
+    """
+
+    def GetClusterStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CoordinatorAdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterStatus,
+                    request_deserializer=replication__pb2.Empty.FromString,
+                    response_serializer=replication__pb2.ClusterStatus.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'quorumstore.replication.v1.CoordinatorAdmin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('quorumstore.replication.v1.CoordinatorAdmin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class CoordinatorAdmin:
+    """Coordinator -> operators (the CLI's `status`): the cluster as the coordinator sees it.
+    """
+
+    @staticmethod
+    def GetClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quorumstore.replication.v1.CoordinatorAdmin/GetClusterStatus',
+            replication__pb2.Empty.SerializeToString,
+            replication__pb2.ClusterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -84,6 +84,13 @@ class NodeStatus:
     shards: tuple[ShardStatus, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class NodeUnreachable:
+    """The driver lost its health stream to `node`: treat it as failed now, not after a timeout."""
+
+    node: str
+
+
 # --- leader -> follower --------------------------------------------------------------
 
 
@@ -161,6 +168,7 @@ Message = (
     | AddFollower
     | StatusRequest
     | NodeStatus
+    | NodeUnreachable
     | Append
     | Ack
     | Truncate

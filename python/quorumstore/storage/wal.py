@@ -59,8 +59,10 @@ position, term and checksum; a second pair of arrays holds where each term start
 `last_position_in_term_at_most` is a binary search. Reads use ``os.pread``; the most
 recent entries are also kept in memory because followers read the tail constantly.
 
-Thread safety: none internally. `sync` may run on a worker thread provided no other
-method that mutates the log runs at the same time (callers serialise).
+Thread safety: none internally; one thread owns the WAL. The group commit can still
+leave that thread: `prepare_sync` hands out a `SyncTicket` whose `run` (the fdatasync)
+goes on a worker thread while the owner keeps appending, and `complete_sync` records
+the result back on the owner.
 """
 
 from __future__ import annotations
@@ -403,21 +405,34 @@ class Wal:
         self._cache.add(entries)
 
     def sync(self) -> None:
-        """Group commit: make every append so far durable with one fdatasync.
+        """Group commit: make every append so far durable with one fdatasync."""
+        ticket = self.prepare_sync()
+        ticket.run()
+        self.complete_sync(ticket)
 
-        Safe on a worker thread while nothing else mutates the log.
+    def prepare_sync(self) -> "SyncTicket":
+        """Starts a group commit that may run on another thread while appends go on.
+
+        The ticket holds duplicates of the file descriptors to sync, so a segment roll or
+        close on the owning thread cannot pull them away; it covers the head as of now.
         """
         self._check_usable()
+        fds: list[int] = []
         if self._sync and self._dirty:
-            try:
-                os.fdatasync(self._segments[-1].fd)
-                if self._dir_dirty:
-                    os.fsync(self._require_dir_fd())
-            except OSError as exc:
-                raise self._fail(f"fsync of {self._segments[-1].path}", exc) from exc
+            fds.append(os.dup(self._segments[-1].fd))
+            if self._dir_dirty:
+                fds.append(os.dup(self._require_dir_fd()))
         self._dirty = False
         self._dir_dirty = False
-        self._synced_head = self._head
+        return SyncTicket(self._head, fds, str(self._segments[-1].path) if self._segments else "")
+
+    def complete_sync(self, ticket: "SyncTicket") -> None:
+        """Records what `ticket` made durable (called on the owning thread)."""
+        if ticket.error is not None:
+            raise self._fail(f"fsync of {ticket.path}", ticket.error)
+        synced = ticket.head if ticket.head.offset <= self._head.offset else self._head
+        if synced.offset > self._synced_head.offset or self._synced_head.offset > self._head.offset:
+            self._synced_head = synced
 
     def truncate_after(self, offset: int) -> None:
         """Durably remove every entry with offset > `offset` (a divergent suffix)."""
@@ -816,6 +831,27 @@ class Wal:
         else:
             return
         raise _corrupt(path, pos, problem)
+
+
+class SyncTicket:
+    """One group commit in flight: `run` does the fdatasyncs (on any thread)."""
+
+    def __init__(self, head: LogPosition, fds: list[int], path: str) -> None:
+        self.head = head
+        self.path = path
+        self.error: OSError | None = None
+        self._fds = fds
+
+    def run(self) -> None:
+        try:
+            for fd in self._fds:
+                os.fdatasync(fd)
+        except OSError as exc:
+            self.error = exc
+        finally:
+            for fd in self._fds:
+                os.close(fd)
+            self._fds = []
 
 
 def _corrupt(path: Path, pos: int, problem: str) -> WalError:

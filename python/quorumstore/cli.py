@@ -1,0 +1,323 @@
+"""The `quorumstore` command: run a standalone server, a local cluster, or ask for status.
+
+    quorumstore standalone --shards 4
+    quorumstore cluster --nodes 3 --shards 8 --replication-factor 3 --data-dir ./qs
+    quorumstore status --coordinator 127.0.0.1:6651
+
+`node` and `coordinator` run the two halves on their own (what `cluster` starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+DEFAULT_CLIENT_PORT = 6648
+
+
+class CliError(Exception):
+    """A problem to report in one line (bad flag values, unreachable addresses)."""
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {number}")
+    return number
+
+
+def _port(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be within 0-65535, got {number}")
+    return number
+
+
+def _address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected host:port, got {value!r}")
+    return value
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _wait_until_online(coordinator: "object", timeout_s: float) -> None:
+    from quorumstore.protocol.coordinator import ShardState
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        meta = coordinator.engine.metadata  # type: ignore[attr-defined]
+        if all(m.state is ShardState.ONLINE for m in meta.shards.values()):
+            return
+        await asyncio.sleep(0.05)
+    raise CliError(f"shards did not all elect a leader within {timeout_s:.0f} s; see the log above")
+
+
+# ------------------------------------------------------------------ commands
+
+
+async def _run_standalone(args: argparse.Namespace) -> None:
+    from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
+    from quorumstore.node.node import Node, NodeConfig
+
+    data_dir = Path(args.data_dir).resolve()
+    node = Node(NodeConfig(data_dir / "node", host=args.host, port=args.port, wal_sync=not args.no_fsync))
+    address = await node.start()
+    coordinator = CoordinatorServer(
+        CoordinatorServerConfig(
+            nodes=[address],
+            metadata_url=str(data_dir / "coordinator" / "metadata.pb"),
+            namespaces={"default": args.shards},
+            replication_factor=1,
+            admin_host=args.host,
+            admin_port=args.admin_port,
+        )
+    )
+    await coordinator.start()
+    try:
+        await _wait_until_online(coordinator, 30)
+        print(f"quorumstore standalone listening on {address}", flush=True)
+        print(f"  shards: {args.shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}", flush=True)
+        await _wait_for_signal()
+    finally:
+        await coordinator.stop()
+        await node.stop()
+
+
+async def _run_node(args: argparse.Namespace) -> None:
+    from quorumstore.node.node import Node, NodeConfig
+
+    node = Node(NodeConfig(Path(args.data_dir).resolve(), host=args.host, port=args.port, wal_sync=not args.no_fsync))
+    address = await node.start()
+    print(f"quorumstore node listening on {address}", flush=True)
+    try:
+        await _wait_for_signal()
+    finally:
+        await node.stop()
+
+
+async def _run_coordinator(args: argparse.Namespace) -> None:
+    from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
+
+    if args.replication_factor > len(args.nodes):
+        raise CliError(f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {len(args.nodes)}")
+    coordinator = CoordinatorServer(
+        CoordinatorServerConfig(
+            nodes=args.nodes,
+            metadata_url=args.metadata,
+            namespaces={"default": args.shards},
+            replication_factor=args.replication_factor,
+            admin_host=args.host,
+            admin_port=args.admin_port,
+        )
+    )
+    await coordinator.start()
+    print(f"quorumstore coordinator admin on {coordinator.admin_address}", flush=True)
+    try:
+        await _wait_for_signal()
+    finally:
+        await coordinator.stop()
+
+
+def _spawn(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
+    out = open(log_file, "ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "quorumstore.cli", *argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _run_cluster(args: argparse.Namespace) -> None:
+    if args.replication_factor > args.nodes:
+        raise CliError(f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {args.nodes}")
+    data_dir = Path(args.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    nodes = [f"{args.host}:{args.base_port + i}" for i in range(args.nodes)]
+    admin = f"{args.host}:{args.base_port + args.nodes}"
+    fsync = ["--no-fsync"] if args.no_fsync else []
+    children = []
+    try:
+        for i in range(args.nodes):
+            children.append(
+                _spawn(["node", "--host", args.host, "--port", str(args.base_port + i), "--data-dir", str(data_dir / f"node{i}"), *fsync], data_dir / f"node{i}.log")
+            )
+        children.append(
+            _spawn(
+                ["coordinator", "--nodes", ",".join(nodes), "--shards", str(args.shards), "--replication-factor", str(args.replication_factor),
+                 "--metadata", str(data_dir / "coordinator" / "metadata.pb"), "--host", args.host, "--admin-port", str(args.base_port + args.nodes)],
+                data_dir / "coordinator.log",
+            )
+        )
+        status = _wait_for_cluster(admin, children, timeout_s=60)
+        print(f"quorumstore cluster: {args.nodes} nodes, {args.shards} shards, replication factor {args.replication_factor}", flush=True)
+        print(f"client address: {nodes[0]}   (all nodes: {', '.join(nodes)})", flush=True)
+        print(f"coordinator:    {admin}   (quorumstore status --coordinator {admin})", flush=True)
+        print(f"data and logs:  {data_dir}", flush=True)
+        print(_format_status(status), flush=True)
+        print("Ctrl-C stops the cluster.", flush=True)
+        stop_signals = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # children were started before this
+        signal.sigwait(stop_signals)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        print("cluster stopped", flush=True)
+
+
+def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeout_s: float) -> "object":
+    from quorumstore.proto import replication_pb2 as pb
+
+    deadline = time.monotonic() + timeout_s
+    last_error = ""
+    while time.monotonic() < deadline:
+        for child in children:
+            if child.poll() is not None:
+                raise CliError(f"a cluster process exited early ({' '.join(map(str, child.args[-6:]))}); see its log in the data directory")
+        try:
+            status = _fetch_status(admin, timeout=1)
+            if all(s.status == pb.ONLINE for s in status.metadata.shards):
+                return status
+        except CliError as e:
+            last_error = str(e)
+        time.sleep(0.2)
+    raise CliError(f"the cluster did not come online within {timeout_s:.0f} s ({last_error or 'shards still electing'})")
+
+
+def _fetch_status(address: str, timeout: float = 5) -> "object":
+    from quorumstore.proto import replication_pb2 as pb
+    from quorumstore.proto import replication_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return pb_grpc.CoordinatorAdminStub(channel).GetClusterStatus(pb.Empty(), timeout=timeout)
+        except grpc.RpcError as e:
+            raise CliError(f"cannot reach the coordinator at {address}: {e.code().name.lower()} ({e.details()})") from None
+
+
+def _format_status(status: "object") -> str:
+    from quorumstore.proto import replication_pb2 as pb
+
+    state_names = {pb.ELECTION: "election", pb.ONLINE: "online", pb.OFFLINE: "OFFLINE"}
+    leaders = {(r.namespace, r.shard): r for r in status.replicas if r.role == pb.LEADER}  # type: ignore[attr-defined]
+    rows = [("shard", "state", "term", "leader", "head", "commit", "followers (lag)", "eligible")]
+    for m in status.metadata.shards:  # type: ignore[attr-defined]
+        report = leaders.get((m.namespace, m.shard))
+        if report is not None and report.term == m.term:
+            head, commit = str(report.head.offset), str(report.commit_offset)
+            followers = ", ".join(f"{f.name} ({max(0, report.commit_offset - f.acked_offset)})" for f in report.followers) or "-"
+        else:
+            head, commit, followers = "?", "?", "-"
+        rows.append((f"{m.namespace}/{m.shard}", state_names[m.status], str(m.term), m.leader or "-", head, commit, followers, ", ".join(m.eligible) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    down = [n for n, up in sorted(status.nodes_alive.items()) if not up]  # type: ignore[attr-defined]
+    if down:
+        lines.append(f"unreachable nodes: {', '.join(down)}")
+    return "\n".join(lines)
+
+
+def _run_status(args: argparse.Namespace) -> None:
+    print(_format_status(_fetch_status(args.coordinator)))
+
+
+# ------------------------------------------------------------------ parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quorumstore", description="A quorum-replicated KV store with Oxia's client protocol.")
+    parser.add_argument("--log-level", default=os.environ.get("QUORUMSTORE_LOG_LEVEL", "WARNING"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("standalone", help="one process, one replica per shard")
+    p.add_argument("--shards", type=_positive, default=1)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=_port, default=DEFAULT_CLIENT_PORT, help="client port (Oxia's default: 6648)")
+    p.add_argument("--admin-port", type=_port, default=0, help="coordinator status port (default: any free port)")
+    p.add_argument("--data-dir", default="quorumstore-data", help="default: ./quorumstore-data")
+    p.add_argument("--no-fsync", action="store_true", help="do not fsync the WAL (faster, loses recent writes on power loss)")
+
+    p = sub.add_parser("cluster", help="a coordinator and N node processes on this machine")
+    p.add_argument("--nodes", type=_positive, default=3)
+    p.add_argument("--shards", type=_positive, default=1)
+    p.add_argument("--replication-factor", type=_positive, default=3)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--base-port", type=_port, default=DEFAULT_CLIENT_PORT, help="nodes listen on base, base+1, ...; the coordinator after them")
+    p.add_argument("--no-fsync", action="store_true")
+
+    p = sub.add_parser("node", help="one storage node")
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=_port, default=DEFAULT_CLIENT_PORT)
+    p.add_argument("--no-fsync", action="store_true")
+
+    p = sub.add_parser("coordinator", help="the coordinator of a set of nodes")
+    p.add_argument("--nodes", type=lambda v: [_address(a) for a in v.split(",")], required=True, help="comma-separated host:port")
+    p.add_argument("--shards", type=_positive, default=1)
+    p.add_argument("--replication-factor", type=_positive, default=3)
+    p.add_argument("--metadata", required=True, help="path or fsspec URL of the coordinator's metadata")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--admin-port", type=_port, default=0)
+
+    p = sub.add_parser("status", help="per shard: term, leader, offsets, follower lag, eligible set")
+    p.add_argument("--coordinator", type=_address, required=True, help="the coordinator's host:port")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "standalone":
+            asyncio.run(_run_standalone(args))
+        elif args.command == "node":
+            asyncio.run(_run_node(args))
+        elif args.command == "coordinator":
+            asyncio.run(_run_coordinator(args))
+        elif args.command == "cluster":
+            _run_cluster(args)
+        elif args.command == "status":
+            _run_status(args)
+    except CliError as e:
+        print(f"quorumstore: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"quorumstore: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Durable coordinator metadata at a local path or any fsspec URL.
+
+The metadata (ensembles, terms, leaders, live replica sets) must survive the
+coordinator, and often the machine it ran on, so it can live on shared storage
+(s3://, hdfs://, ...). Every save replaces the whole record atomically: a local file
+is written beside the target, fsynced and renamed; object stores replace an object in
+one put.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import fsspec
+
+from quorumstore import wire
+from quorumstore.proto import replication_pb2 as pb
+from quorumstore.protocol.coordinator import ClusterMetadata
+
+
+class MetadataStore:
+    def __init__(self, url: str):
+        self.url = url
+        self._fs, self._path = fsspec.core.url_to_fs(url)
+        self._local = self._fs.protocol in ("file", ("file", "local")) or "file" in self._fs.protocol
+
+    def load(self) -> ClusterMetadata | None:
+        """The saved metadata, or None if nothing was saved yet."""
+        if not self._fs.exists(self._path):
+            return None
+        data = self._fs.cat_file(self._path)
+        record = pb.CoordinatorMetadata()
+        try:
+            record.ParseFromString(data)
+        except Exception as e:
+            raise ValueError(
+                f"coordinator metadata at {self.url} is unreadable ({e}); restore it from a backup "
+                "or point the coordinator at a new location to start a new cluster"
+            ) from e
+        return wire.metadata_from_pb(record)
+
+    def save(self, metadata: ClusterMetadata) -> None:
+        data = wire.metadata_to_pb(metadata).SerializeToString()
+        if self._local:
+            _atomic_write(Path(self._path), data)
+        else:
+            self._fs.pipe_file(self._path, data)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,243 @@
+"""The coordinator process: the `Coordinator` engine bound to gRPC, a clock and durable metadata.
+
+It keeps one Health stream per node (a broken stream marks the node failed at once,
+so a dead leader is replaced within a few ticks), sends NodeControl calls and feeds
+their answers back to the engine, persists metadata before any message that depends
+on it leaves, and pushes the shard assignment table to every node when it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import grpc
+
+from quorumstore import wire
+from quorumstore.coordinator.metadata_store import MetadataStore
+from quorumstore.node.transport import GRPC_OPTIONS
+from quorumstore.proto import replication_pb2 as pb
+from quorumstore.proto import replication_pb2_grpc as pb_grpc
+from quorumstore.protocol.coordinator import Coordinator, CoordinatorConfig, initial_metadata
+from quorumstore.protocol.messages import (
+    AddFollower,
+    BecomeLeader,
+    NewTerm,
+    NodeStatus,
+    NodeUnreachable,
+    StatusRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoordinatorServerConfig:
+    nodes: list[str]
+    metadata_url: str
+    namespaces: dict[str, int] = field(default_factory=lambda: {"default": 1})
+    replication_factor: int = 3
+    tick_ms: int = 100
+    #: Port of the CoordinatorAdmin service (status); None: not served.
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None
+    max_lag: int = 10_000
+
+
+class _NodeLink:
+    """The coordinator's connection to one node: a channel and its Health stream."""
+
+    def __init__(self, server: "CoordinatorServer", address: str):
+        self.server = server
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = pb_grpc.NodeControlStub(self.channel)
+        self.pings: asyncio.Queue[int] = asyncio.Queue()
+        self.up = False
+        self._sequence = itertools.count(1)
+        self.task = asyncio.get_running_loop().create_task(self._health_loop())
+
+    def ping(self) -> None:
+        if self.up and self.pings.qsize() < 4:
+            self.pings.put_nowait(next(self._sequence))
+
+    async def _pings(self) -> AsyncIterator[pb.HealthPing]:
+        yield pb.HealthPing(ping_sequence=0)
+        while True:
+            yield pb.HealthPing(ping_sequence=await self.pings.get())
+
+    async def _health_loop(self) -> None:
+        while True:
+            try:
+                async for report in self.stub.Health(self._pings()):
+                    if not self.up:
+                        self.up = True
+                        self.server.node_connected(self.address)
+                    self.server.step(NodeStatus(self.address, tuple(wire.shard_status_from_pb(s) for s in report.shards)))
+                    self.server.remember_report(self.address, report)
+            except grpc.aio.AioRpcError as e:
+                log.debug("health stream to %s ended: %s", self.address, e.code())
+            if self.up:
+                log.warning("lost node %s", self.address)
+            self.up = False
+            while not self.pings.empty():
+                self.pings.get_nowait()
+            self.server.step(NodeUnreachable(self.address))
+            await asyncio.sleep(0.2)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await self.channel.close()
+
+
+class CoordinatorServer:
+    def __init__(self, config: CoordinatorServerConfig):
+        self.config = config
+        self.store = MetadataStore(config.metadata_url)
+        self.engine: Coordinator | None = None
+        self._links: dict[str, _NodeLink] = {}
+        self._reports: dict[str, pb.HealthReport] = {}
+        self._lock = asyncio.Lock()
+        self._wakeup = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._admin: grpc.aio.Server | None = None
+        self.admin_address: str | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        metadata = await loop.run_in_executor(None, self.store.load)
+        if metadata is None:
+            metadata = initial_metadata(self.config.nodes, self.config.namespaces, self.config.replication_factor)
+            await loop.run_in_executor(None, self.store.save, metadata)
+            log.info("new cluster: %d shards over %s", len(metadata.shards), ", ".join(self.config.nodes))
+        else:
+            log.info("resuming cluster metadata version %d from %s", metadata.version, self.config.metadata_url)
+        config = CoordinatorConfig(replication_factor=self.config.replication_factor, max_lag=self.config.max_lag)
+        self.engine = Coordinator(self.config.nodes, metadata, config)
+        for address in self.config.nodes:
+            self._links[address] = _NodeLink(self, address)
+        self._spawn(self._tick_loop())
+        self._spawn(self._process_loop())
+        if self.config.admin_port is not None:
+            self._admin = grpc.aio.server(options=GRPC_OPTIONS)
+            pb_grpc.add_CoordinatorAdminServicer_to_server(_Admin(self), self._admin)
+            port = self._admin.add_insecure_port(f"{self.config.admin_host}:{self.config.admin_port}")
+            if port == 0:
+                raise OSError(f"cannot listen on {self.config.admin_host}:{self.config.admin_port}")
+            self.admin_address = f"{self.config.admin_host}:{port}"
+            await self._admin.start()
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for link in self._links.values():
+            await link.close()
+        if self._admin is not None:
+            await self._admin.stop(grace=0.2)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ engine inputs
+
+    def step(self, msg: Any) -> None:
+        assert self.engine is not None
+        self.engine.step(msg)
+        self._wakeup.set()
+
+    def remember_report(self, node: str, report: pb.HealthReport) -> None:
+        self._reports[node] = report
+
+    def node_connected(self, node: str) -> None:
+        """A (re)connected node may have lost its assignment table: send it again."""
+        assert self.engine is not None
+        self._spawn(self._push_assignments(wire.assignments_from_metadata(self.engine.metadata), [node]))
+
+    async def _tick_loop(self) -> None:
+        assert self.engine is not None
+        while True:
+            await asyncio.sleep(self.config.tick_ms / 1000)
+            self.engine.tick()
+            self._wakeup.set()
+
+    async def _process_loop(self) -> None:
+        """Persist, then send: the engine's `Ready` contract, one Ready at a time."""
+        assert self.engine is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            ready = self.engine.ready()
+            if ready.metadata is not None:
+                await loop.run_in_executor(None, self.store.save, ready.metadata)
+            for out in ready.messages:
+                self._send(out.to, out.message)
+            if ready.assignments_changed:
+                update = wire.assignments_from_metadata(self.engine.metadata)
+                self._spawn(self._push_assignments(update, list(self._links)))
+
+    # ------------------------------------------------------------------ outputs
+
+    def _send(self, node: str, msg: Any) -> None:
+        link = self._links.get(node)
+        if link is None:
+            return
+        if isinstance(msg, StatusRequest):
+            link.ping()
+        elif isinstance(msg, NewTerm):
+            self._spawn(self._call(link, link.stub.NewTerm, wire.new_term_to_pb(msg), wire.new_term_response_from_pb))
+        elif isinstance(msg, BecomeLeader):
+            self._spawn(self._call(link, link.stub.BecomeLeader, wire.become_leader_to_pb(msg), wire.become_leader_response_from_pb))
+        elif isinstance(msg, AddFollower):
+            self._spawn(self._call(link, link.stub.AddFollower, wire.add_follower_to_pb(msg), None))
+
+    async def _call(self, link: _NodeLink, method: Any, request: Any, convert: Any) -> None:
+        try:
+            response = await method(request, timeout=10)
+        except grpc.aio.AioRpcError as e:
+            log.debug("%s to %s failed: %s %s", type(request).__name__, link.address, e.code(), e.details())
+            return
+        if convert is not None:
+            self.step(convert(response, link.address))
+
+    async def _push_assignments(self, update: pb.ShardAssignmentsUpdate, nodes: list[str]) -> None:
+        for node in nodes:
+            link = self._links[node]
+            try:
+                await link.stub.PushShardAssignments(update, timeout=5)
+            except grpc.aio.AioRpcError as e:
+                log.debug("pushing assignments to %s failed: %s", node, e.code())
+
+    # ------------------------------------------------------------------ status
+
+    def cluster_status(self) -> pb.ClusterStatus:
+        assert self.engine is not None
+        replicas = [s for node, r in sorted(self._reports.items()) for s in _with_node(r.shards, node)]
+        return pb.ClusterStatus(
+            metadata=wire.metadata_to_pb(self.engine.metadata),
+            replicas=replicas,
+            nodes_alive={node: link.up for node, link in self._links.items()},
+        )
+
+
+def _with_node(shards: Any, node: str) -> list[pb.ShardStatus]:
+    out = []
+    for s in shards:
+        copy = pb.ShardStatus()
+        copy.CopyFrom(s)
+        copy.node = node
+        out.append(copy)
+    return out
+
+
+class _Admin(pb_grpc.CoordinatorAdminServicer):
+    def __init__(self, server: CoordinatorServer):
+        self.server = server
+
+    async def GetClusterStatus(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.ClusterStatus:
+        return self.server.cluster_status()

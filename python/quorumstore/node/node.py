@@ -1,0 +1,302 @@
+"""A storage node: a gRPC server hosting shard replicas.
+
+It serves three services on one port: `NodeControl` (from the coordinator),
+`Replication` (between replicas) and Oxia's `OxiaClient` (for clients). It owns the
+clock (a tick task), the disk (one directory per shard) and the network; the protocol
+itself lives in the engine each `ShardHost` drives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+import grpc
+
+from quorumstore import wire
+from quorumstore.node.client_api import OxiaClientServicer
+from quorumstore.node.shard_host import ShardHost
+from quorumstore.node.transport import GRPC_OPTIONS, NodeTransport
+from quorumstore.proto import oxia_client_pb2_grpc
+from quorumstore.proto import replication_pb2 as pb
+from quorumstore.proto import replication_pb2_grpc as pb_grpc
+from quorumstore.protocol.messages import (
+    BecomeLeaderResponse,
+    Message,
+    NewTermResponse,
+    ShardKey,
+    TruncateResponse,
+)
+from quorumstore.protocol.replica import ReplicaConfig
+from quorumstore.storage.kv import RocksKv
+from quorumstore.storage.snapshot import install_snapshot
+
+log = logging.getLogger(__name__)
+
+#: How long a NodeControl call waits for the engine's durable answer.
+_REPLY_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    #: Address other nodes and clients use; defaults to host:bound port.
+    advertise_host: str | None = None
+    wal_sync: bool = True
+    tick_ms: int = 50
+
+
+class Node:
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.name = ""
+        self.hosts: dict[ShardKey, ShardHost] = {}
+        self.transport = NodeTransport(self)
+        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qs-io")
+        self._server: grpc.aio.Server | None = None
+        self._tick_task: asyncio.Task[None] | None = None
+        self._assignments = pb.ShardAssignmentsUpdate(version=-1)
+        self._assignments_event = asyncio.Event()
+        self._report_sequence = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> str:
+        """Binds the port, opens the shards found on disk and starts serving; returns the address."""
+        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        pb_grpc.add_NodeControlServicer_to_server(_NodeControl(self), self._server)
+        pb_grpc.add_ReplicationServicer_to_server(_Replication(self), self._server)
+        oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(OxiaClientServicer(self), self._server)
+        port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if port == 0:
+            raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: the port is taken or not allowed")
+        self.name = f"{self.config.advertise_host or self.config.host}:{port}"
+        self._open_existing_shards()
+        await self._server.start()
+        self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
+        log.info("node %s serving (data in %s)", self.name, self.config.data_dir)
+        return self.name
+
+    async def stop(self) -> None:
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+        await self.transport.close()
+        for host in self.hosts.values():
+            host.close()
+        self._io.shutdown(wait=True)
+
+    async def wait(self) -> None:
+        assert self._server is not None
+        await self._server.wait_for_termination()
+
+    async def _tick_loop(self) -> None:
+        interval = self.config.tick_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            for host in list(self.hosts.values()):
+                try:
+                    host.tick()
+                except Exception:
+                    log.exception("tick of shard %s failed", host.shard)
+
+    # ------------------------------------------------------------------ shards
+
+    def _shard_dir(self, shard: ShardKey) -> Path:
+        return self.config.data_dir / "shards" / shard[0] / str(shard[1])
+
+    def _open_existing_shards(self) -> None:
+        root = self.config.data_dir / "shards"
+        if not root.exists():
+            return
+        for ns_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            for shard_dir in sorted(p for p in ns_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+                self._open_host((ns_dir.name, int(shard_dir.name)))
+
+    def _open_host(self, shard: ShardKey) -> ShardHost:
+        host = ShardHost(
+            self.name,
+            shard,
+            self._shard_dir(shard),
+            self.transport,
+            self._io,
+            wal_sync=self.config.wal_sync,
+            replica_config=ReplicaConfig(),
+        )
+        self.hosts[shard] = host
+        return host
+
+    def deliver(self, shard: ShardKey, msg: Message) -> None:
+        host = self.hosts.get(shard)
+        if host is not None:
+            host.step(msg)
+
+    # ------------------------------------------------------------------ ShardDirectory (client API)
+
+    def shard_host(self, namespace: str, shard: int) -> ShardHost | None:
+        return self.hosts.get((namespace, shard))
+
+    def assignments(self) -> pb.ShardAssignmentsUpdate:
+        return self._assignments
+
+    async def assignments_changed(self, version: int) -> None:
+        while self._assignments.version <= version:
+            self._assignments_event.clear()
+            await self._assignments_event.wait()
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def set_assignments(self, update: pb.ShardAssignmentsUpdate) -> None:
+        if update.version > self._assignments.version:
+            self._assignments = update
+            self._assignments_event.set()
+
+    def health_report(self, ping_sequence: int) -> pb.HealthReport:
+        self._report_sequence += 1
+        return pb.HealthReport(
+            node_name=self.name,
+            sequence=self._report_sequence,
+            ping_sequence=ping_sequence,
+            shards=[wire.shard_status_to_pb(h.replica.status()) for _, h in sorted(self.hosts.items())],
+        )
+
+
+async def _await_reply(future: asyncio.Future, context: grpc.aio.ServicerContext, what: str):  # type: ignore[type-arg]
+    try:
+        return await asyncio.wait_for(future, _REPLY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"{what} was not accepted (stale term or wrong state); the coordinator retries with a fresh term",
+        )
+
+
+class _NodeControl(pb_grpc.NodeControlServicer):
+    def __init__(self, node: Node):
+        self.node = node
+
+    async def NewTerm(self, request: pb.NewTermRequest, context: grpc.aio.ServicerContext) -> pb.NewTermResponse:
+        shard = (request.namespace, request.shard)
+        host = self.node.hosts.get(shard) or self.node._open_host(shard)
+        reply = self.node.transport.expect(NewTermResponse, shard)
+        host.step(wire.new_term_from_pb(request))
+        response = await _await_reply(reply, context, f"NewTerm {request.term} for {shard}")
+        return wire.new_term_response_to_pb(response)
+
+    async def BecomeLeader(self, request: pb.BecomeLeaderRequest, context: grpc.aio.ServicerContext) -> pb.BecomeLeaderResponse:
+        shard = (request.namespace, request.shard)
+        host = self.node.hosts.get(shard)
+        if host is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"shard {shard} is not hosted on {self.node.name}")
+        reply = self.node.transport.expect(BecomeLeaderResponse, shard)
+        host.step(wire.become_leader_from_pb(request))
+        response = await _await_reply(reply, context, f"BecomeLeader {request.term} for {shard}")
+        return wire.become_leader_response_to_pb(response)
+
+    async def AddFollower(self, request: pb.AddFollowerRequest, context: grpc.aio.ServicerContext) -> pb.AddFollowerResponse:
+        self.node.deliver((request.namespace, request.shard), wire.add_follower_from_pb(request))
+        return pb.AddFollowerResponse()
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:
+        host = self.node.hosts.get((request.namespace, request.shard))
+        if host is None:
+            return pb.GetStatusResponse(namespace=request.namespace, shard=request.shard, role=pb.NOT_MEMBER, term=-1)
+        s = wire.shard_status_to_pb(host.replica.status())
+        return pb.GetStatusResponse(
+            namespace=s.namespace, shard=s.shard, term=s.term, role=s.role, head=s.head,
+            commit_offset=s.commit_offset, followers=s.followers,
+        )
+
+    async def Health(self, request_iterator: AsyncIterator[pb.HealthPing], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.HealthReport]:
+        async for ping in request_iterator:
+            yield self.node.health_report(ping.ping_sequence)
+
+    async def PushShardAssignments(self, request: pb.ShardAssignmentsUpdate, context: grpc.aio.ServicerContext) -> pb.Empty:
+        self.node.set_assignments(request)
+        return pb.Empty()
+
+
+class _Replication(pb_grpc.ReplicationServicer):
+    def __init__(self, node: Node):
+        self.node = node
+
+    async def Replicate(self, request_iterator: AsyncIterator[pb.Append], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Ack]:
+        queue: asyncio.Queue[pb.Ack | None] = asyncio.Queue()
+        inbound = self.node.transport.inbound
+        keys: set[tuple[ShardKey, str]] = set()
+
+        async def read() -> None:
+            try:
+                async for append in request_iterator:
+                    shard = (append.namespace, append.shard)
+                    key = (shard, append.leader_name)
+                    if inbound.get(key) is not queue:
+                        inbound[key] = queue
+                        keys.add(key)
+                    self.node.deliver(shard, wire.append_from_pb(append))
+            finally:
+                queue.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            for key in keys:
+                if inbound.get(key) is queue:
+                    del inbound[key]
+
+    async def Truncate(self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext) -> pb.TruncateResponse:
+        shard = (request.namespace, request.shard)
+        host = self.node.hosts.get(shard)
+        if host is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"shard {shard} is not hosted on {self.node.name}")
+        reply = self.node.transport.expect(TruncateResponse, shard, request.leader_name)
+        host.step(wire.truncate_from_pb(request))
+        response = await _await_reply(reply, context, f"Truncate for {shard}")
+        return wire.truncate_response_to_pb(response)
+
+    async def SendSnapshot(self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext) -> pb.SnapshotResponse:
+        first: pb.SnapshotChunk | None = None
+        host: ShardHost | None = None
+        staging: Path | None = None
+        chunks: list[bytes] = []
+        async for chunk in request_iterator:
+            if first is None:
+                first = chunk
+                shard = (chunk.namespace, chunk.shard)
+                host = self.node.hosts.get(shard)
+                if host is None or not host.can_install_snapshot(chunk.term, chunk.leader_name):
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"not accepting a snapshot for {shard} in term {chunk.term}")
+                staging = host.staging_directory()
+            chunks.append(chunk.data)
+        if first is None or host is None or staging is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
+        loop = asyncio.get_running_loop()
+
+        def stage() -> None:
+            staged = RocksKv(staging)
+            try:
+                install_snapshot(staged, chunks)
+            finally:
+                staged.close()
+
+        try:
+            await loop.run_in_executor(None, stage)
+        except Exception as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            await context.abort(grpc.StatusCode.DATA_LOSS, f"snapshot could not be staged: {e}")
+        position = wire.position_from_pb(first.position)
+        head = host.install_staged_snapshot(first.term, first.leader_name, position, staging)
+        return pb.SnapshotResponse(namespace=first.namespace, shard=first.shard, term=host.replica.term, head=wire.position_to_pb(head))

@@ -1,0 +1,281 @@
+"""One shard replica on a storage node: the engine bound to its WAL, KV and network.
+
+The host is the driver of `ShardReplica` (the etcd-raft `Ready` loop): after every
+input it takes the `Ready`, applies the storage effects, sends messages, runs the
+group commit (one fdatasync for everything appended since the last one, on a worker
+thread while the event loop keeps appending), applies committed entries to the KV and
+resolves the writes waiting on them. Everything here runs on the node's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Protocol
+
+from quorumstore.protocol.messages import Message, Outbound, Ready, SendSnapshot, ShardKey, SnapshotReceived
+from quorumstore.protocol.replica import NotLeaderError, ReplicaConfig, ShardReplica
+from quorumstore.protocol.types import LogPosition, Role
+from quorumstore.storage.kv import RocksKv
+from quorumstore.storage.snapshot import install_snapshot
+from quorumstore.storage.state_machine import EntryResult, ShardReader, ShardStateMachine
+from quorumstore.storage.wal import SyncTicket, Wal
+from quorumstore.storage.write_batch import WriteBatchBuilder
+
+log = logging.getLogger(__name__)
+
+_NOOP = WriteBatchBuilder().build(0)
+_APPLY_CHUNK_ENTRIES = 1024
+_APPLY_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+class Transport(Protocol):
+    """How a shard host reaches other nodes and the coordinator."""
+
+    def send(self, sender: "ShardHost", out: Outbound) -> None: ...
+
+    def send_snapshot(self, sender: "ShardHost", request: SendSnapshot) -> None: ...
+
+
+class ShardHost:
+    def __init__(
+        self,
+        node: str,
+        shard: ShardKey,
+        directory: Path,
+        transport: Transport,
+        io_executor: Executor,
+        *,
+        wal_sync: bool = True,
+        replica_config: ReplicaConfig = ReplicaConfig(),
+    ):
+        self.node = node
+        self.shard = shard
+        self.namespace, self.shard_id = shard
+        self.directory = directory
+        self._transport = transport
+        self._io = io_executor
+        directory.mkdir(parents=True, exist_ok=True)
+        self.wal = Wal.open(directory / "wal", sync=wal_sync)
+        self.kv = RocksKv(directory / "kv")
+        self.machine = ShardStateMachine(self.kv)
+        self._term_file = directory / "term"
+        self._recover_log()
+        applied = self.machine.applied_position
+        self.replica = ShardReplica(
+            node,
+            shard,
+            self.wal,
+            term=self._load_term(),
+            commit_offset=applied.offset,
+            noop_payload=_NOOP,
+            config=replica_config,
+        )
+        self._pending: dict[int, asyncio.Future[EntryResult]] = {}
+        self._after_sync: list[Outbound] = []
+        self._want_sync = False
+        self._sync_in_flight = False
+        self._processing_scheduled = False
+        self._closed = False
+        self._staged_snapshot: tuple[LogPosition, Path] | None = None
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover_log(self) -> None:
+        """Makes the WAL consistent with the KV after a crash (invariant 6)."""
+        applied = self.machine.applied_position
+        head, base = self.wal.head, self.wal.base
+        if applied.offset > head.offset:
+            # The KV holds committed entries the WAL lost (never synced here): restart the
+            # log right after them.
+            log.info("%s %s: KV applied %s is past the WAL head %s; resetting the WAL", self.node, self.shard, applied, head)
+            self.wal.reset(applied)
+        elif applied.offset >= max(base.offset, 0) and self.wal.position_at(applied.offset).checksum != applied.checksum:
+            raise RuntimeError(
+                f"shard {self.shard} in {self.directory}: the KV applied entry {applied} is not the WAL's "
+                "entry at that offset; the data directory is corrupt - remove it so the replica rejoins by snapshot"
+            )
+
+    def _load_term(self) -> int:
+        try:
+            return int(self._term_file.read_text().strip())
+        except FileNotFoundError:
+            return -1
+
+    def _save_term(self, term: int) -> None:
+        tmp = self._term_file.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(str(term))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._term_file)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    # ------------------------------------------------------------------ inputs
+
+    def step(self, msg: Message) -> None:
+        if self._closed:
+            return
+        self.replica.step(msg)
+        self._process()
+
+    def tick(self) -> None:
+        if self._closed:
+            return
+        self.replica.tick()
+        self._process()
+
+    async def write(self, payload: bytes) -> EntryResult:
+        """Replicates one write batch; resolves once it is committed and applied."""
+        if self._closed:
+            raise NotLeaderError(self.shard, Role.NOT_MEMBER, self.replica.term, None)
+        offset = self.replica.propose(payload)
+        future: asyncio.Future[EntryResult] = asyncio.get_running_loop().create_future()
+        self._pending[offset] = future
+        self._schedule_processing()
+        return await future
+
+    def is_leader(self) -> bool:
+        return self.replica.role is Role.LEADER
+
+    def leader_hint(self) -> str | None:
+        return self.replica.leader
+
+    def reader(self) -> ShardReader:
+        return self.machine
+
+    # ------------------------------------------------------------------ snapshots (follower)
+
+    def can_install_snapshot(self, term: int, leader: str) -> bool:
+        return not self._closed and self.replica.can_install_snapshot(term, leader)
+
+    def staging_directory(self) -> Path:
+        path = self.directory / "snapshot-staging"
+        if path.exists():
+            shutil.rmtree(path)
+        return path
+
+    def install_staged_snapshot(self, term: int, leader: str, position: LogPosition, staged_kv: Path) -> LogPosition:
+        """Hands a fully received snapshot to the engine; swaps it in if accepted."""
+        self._staged_snapshot = (position, staged_kv)
+        try:
+            self.replica.step(SnapshotReceived(self.shard, term, leader, position))
+            self._process()
+        finally:
+            if self._staged_snapshot is not None:
+                shutil.rmtree(staged_kv, ignore_errors=True)
+                self._staged_snapshot = None
+        return self.wal.head
+
+    def _swap_in_snapshot(self, position: LogPosition) -> None:
+        assert self._staged_snapshot is not None and self._staged_snapshot[0] == position
+        _, staged = self._staged_snapshot
+        self.kv.close()
+        live = self.directory / "kv"
+        old = self.directory / "kv-old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(live, old)
+        os.replace(staged, live)
+        shutil.rmtree(old, ignore_errors=True)
+        self.kv = RocksKv(live)
+        self.machine = ShardStateMachine(self.kv)
+        self.wal.reset(position)
+        self._staged_snapshot = None
+
+    # ------------------------------------------------------------------ the Ready loop
+
+    def _schedule_processing(self) -> None:
+        if not self._processing_scheduled:
+            self._processing_scheduled = True
+            asyncio.get_running_loop().call_soon(self._process_scheduled)
+
+    def _process_scheduled(self) -> None:
+        self._processing_scheduled = False
+        if not self._closed:
+            self._process()
+
+    def _process(self) -> None:
+        was_leader = self.replica.role is Role.LEADER
+        ready = self.replica.ready()
+        self._apply_storage(ready)
+        for out in ready.send_now:
+            self._transport.send(self, out)
+        if ready.has_storage_work() or ready.send_after_sync:
+            self._after_sync.extend(ready.send_after_sync)
+            self._want_sync = True
+            self._start_sync()
+        self._apply_committed(ready.commit_offset)
+        for request in ready.snapshots:
+            self._transport.send_snapshot(self, request)
+        if was_leader and self.replica.role is not Role.LEADER:
+            self._fail_pending()
+
+    def _apply_storage(self, ready: Ready) -> None:
+        if ready.term is not None:
+            self._save_term(ready.term)
+        if ready.truncate_after is not None:
+            self.wal.truncate_after(ready.truncate_after)
+        if ready.install_snapshot is not None:
+            self._swap_in_snapshot(ready.install_snapshot)
+        if ready.entries:
+            self.wal.append(ready.entries)
+
+    def _start_sync(self) -> None:
+        if self._sync_in_flight or not self._want_sync or self._closed:
+            return
+        self._want_sync = False
+        self._sync_in_flight = True
+        ticket = self.wal.prepare_sync()
+        messages, self._after_sync = self._after_sync, []
+        future = asyncio.get_running_loop().run_in_executor(self._io, ticket.run)
+        future.add_done_callback(lambda _: self._sync_done(ticket, messages))
+
+    def _sync_done(self, ticket: SyncTicket, messages: list[Outbound]) -> None:
+        self._sync_in_flight = False
+        if self._closed:
+            return
+        self.wal.complete_sync(ticket)
+        for out in messages:
+            self._transport.send(self, out)
+        self.replica.persisted(ticket.head.offset)
+        self._process()
+        self._start_sync()
+
+    def _apply_committed(self, commit_offset: int) -> None:
+        upto = min(commit_offset, self.wal.head.offset)
+        while True:
+            applied = self.machine.applied_position.offset
+            if upto <= applied:
+                return
+            entries = self.wal.read(applied + 1, min(_APPLY_CHUNK_ENTRIES, upto - applied), _APPLY_CHUNK_BYTES)
+            results = self.machine.apply(entries)
+            for entry, result in zip(entries, results):
+                future = self._pending.pop(entry.offset, None)
+                if future is not None and not future.done() and result is not None:
+                    future.set_result(result)
+
+    def _fail_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(
+                    NotLeaderError(self.shard, self.replica.role, self.replica.term, self.replica.leader)
+                )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_pending()
+        self.wal.close()
+        self.kv.close()

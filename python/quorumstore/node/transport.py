@@ -1,0 +1,197 @@
+"""How a node's shard hosts reach their peers and the coordinator over gRPC.
+
+- Append: one long-lived `Replicate` stream per (shard, follower), opened by the leader
+  on its first Append; the follower answers with Acks on the same stream.
+- Truncate: a unary call; its response is fed back to the leader's engine.
+- Snapshots: a `SendSnapshot` client stream of Arrow chunks read from a KV snapshot.
+- Replies to the coordinator (NewTermResponse, BecomeLeaderResponse) complete the
+  coordinator's pending unary call; replies to a leader's Truncate complete that call.
+A broken stream is simply dropped: the engine's retransmission covers the loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import grpc
+
+from quorumstore import wire
+from quorumstore.proto import replication_pb2 as pb
+from quorumstore.proto import replication_pb2_grpc as pb_grpc
+from quorumstore.protocol.messages import (
+    COORDINATOR,
+    Ack,
+    AckStatus,
+    Append,
+    Outbound,
+    SendSnapshot,
+    ShardKey,
+    Truncate,
+    TruncateResponse,
+)
+from quorumstore.storage.snapshot import iter_snapshot_chunks
+
+if TYPE_CHECKING:
+    from quorumstore.node.node import Node
+    from quorumstore.node.shard_host import ShardHost
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+]
+
+
+class _ReplicateStream:
+    """The leader's side of one `Replicate` stream to one follower for one shard."""
+
+    def __init__(self, transport: "NodeTransport", shard: ShardKey, follower: str):
+        self.queue: asyncio.Queue[pb.Append | None] = asyncio.Queue()
+        self._transport = transport
+        self._shard = shard
+        self._follower = follower
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _requests(self) -> AsyncIterator[pb.Append]:
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                return
+            yield item
+
+    async def _run(self) -> None:
+        stub = pb_grpc.ReplicationStub(self._transport.channel(self._follower))
+        try:
+            async for ack in stub.Replicate(self._requests()):
+                self._transport.node.deliver(self._shard, wire.ack_from_pb(ack, self._follower))
+        except grpc.aio.AioRpcError as e:
+            log.debug("replicate stream %s -> %s ended: %s", self._shard, self._follower, e.code())
+        finally:
+            self._transport.forget_stream(self._shard, self._follower, self)
+
+
+class NodeTransport:
+    def __init__(self, node: "Node"):
+        self.node = node
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._streams: dict[tuple[ShardKey, str], _ReplicateStream] = {}
+        #: follower side: (shard, leader) -> the response queue of that leader's stream
+        self.inbound: dict[tuple[ShardKey, str], asyncio.Queue[pb.Ack | None]] = {}
+        self._waiters: dict[tuple[type, ShardKey, str], list[asyncio.Future[Any]]] = defaultdict(list)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    def forget_stream(self, shard: ShardKey, follower: str, stream: _ReplicateStream) -> None:
+        if self._streams.get((shard, follower)) is stream:
+            del self._streams[(shard, follower)]
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ replies awaited by RPC handlers
+
+    def expect(self, kind: type, shard: ShardKey, peer: str = COORDINATOR) -> asyncio.Future[Any]:
+        """A future completed when the engine of `shard` sends a `kind` message to `peer`."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[(kind, shard, peer)].append(future)
+        return future
+
+    def _complete(self, kind: type, shard: ShardKey, peer: str, message: Any) -> bool:
+        waiters = self._waiters.pop((kind, shard, peer), [])
+        for future in waiters:
+            if not future.done():
+                future.set_result(message)
+        return bool(waiters)
+
+    # ------------------------------------------------------------------ Transport protocol
+
+    def send(self, sender: "ShardHost", out: Outbound) -> None:
+        msg = out.message
+        shard = sender.shard
+        if out.to == COORDINATOR:
+            self._complete(type(msg), shard, COORDINATOR, msg)
+        elif isinstance(msg, Append):
+            stream = self._streams.get((shard, out.to))
+            if stream is None:
+                stream = _ReplicateStream(self, shard, out.to)
+                self._streams[(shard, out.to)] = stream
+            stream.queue.put_nowait(wire.append_to_pb(msg))
+        elif isinstance(msg, Ack):
+            queue = self.inbound.get((shard, out.to))
+            if queue is not None:
+                queue.put_nowait(wire.ack_to_pb(msg))
+        elif isinstance(msg, Truncate):
+            self._spawn(self._truncate(shard, out.to, msg))
+        elif isinstance(msg, TruncateResponse):
+            self._complete(TruncateResponse, shard, out.to, msg)
+        else:
+            raise TypeError(f"no route for {type(msg).__name__} to {out.to}")
+
+    async def _truncate(self, shard: ShardKey, follower: str, msg: Truncate) -> None:
+        stub = pb_grpc.ReplicationStub(self.channel(follower))
+        try:
+            response = await stub.Truncate(wire.truncate_to_pb(msg), timeout=10)
+        except grpc.aio.AioRpcError as e:
+            log.debug("truncate %s -> %s failed: %s", shard, follower, e.code())
+            return
+        self.node.deliver(shard, wire.truncate_response_from_pb(response, follower))
+
+    def send_snapshot(self, sender: "ShardHost", request: SendSnapshot) -> None:
+        self._spawn(self._snapshot(sender, request))
+
+    async def _snapshot(self, host: "ShardHost", request: SendSnapshot) -> None:
+        position = host.machine.applied_position
+        view = host.kv.snapshot()
+        shard = host.shard
+
+        async def chunks() -> AsyncIterator[pb.SnapshotChunk]:
+            first = True
+            iterator = iter_snapshot_chunks(view, position)
+            loop = asyncio.get_running_loop()
+            while True:
+                data = await loop.run_in_executor(None, next, iterator, None)
+                if data is None:
+                    return
+                yield pb.SnapshotChunk(
+                    namespace=shard[0],
+                    shard=shard[1],
+                    term=request.term,
+                    position=wire.position_to_pb(position) if first else None,
+                    data=data,
+                    leader_name=host.node,
+                )
+                first = False
+
+        stub = pb_grpc.ReplicationStub(self.channel(request.follower))
+        try:
+            response = await stub.SendSnapshot(chunks(), timeout=600)
+        except grpc.aio.AioRpcError as e:
+            log.info("snapshot %s -> %s failed: %s", shard, request.follower, e.code())
+            return
+        finally:
+            view.close()
+        head = wire.position_from_pb(response.head)
+        self.node.deliver(shard, Ack(shard, response.term, request.follower, AckStatus.OK, head.offset, head))
+
+    async def close(self) -> None:
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(None)
+            stream.task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
