@@ -264,10 +264,33 @@ class EtcdCluster:
         return running
 
     def stop(self) -> None:
-        """Stop every member: SIGTERM, then SIGKILL whatever is left after a grace period."""
-        if self._sampler is not None:
-            self.stop_rss_sampling()
-        procs = [(i, p) for i, p in enumerate(self._procs) if p is not None]
+        """Stop every member: SIGTERM, then SIGKILL whatever is left after a grace period.
+
+        Followers go first and the leader last: a leader that is stopped hands its
+        leadership to a connected follower and, if that follower is stopping too,
+        waits for etcd's request timeout (about 7 s here) before giving up. With
+        the followers gone it has nobody to hand over to and exits at once.
+        SIGINT and SIGTERM are held back meanwhile, so that a second Ctrl-C cannot
+        cut the cleanup short and leave members behind; they are delivered after.
+        """
+        blocked = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        try:
+            if self._sampler is not None:
+                self.stop_rss_sampling()
+            try:
+                leader, _ = self._agreed_leader()
+            except RuntimeError:  # a member died on its own: no orderly hand-over to plan
+                leader = None
+            running = [i for i, p in enumerate(self._procs) if p is not None]
+            followers = [i for i in running if i != leader]
+            self._terminate(followers)
+            self._terminate([i for i in running if i == leader])
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def _terminate(self, members: list[int]) -> None:
+        procs = [(i, p) for i, p in enumerate(self._procs) if i in members and p is not None]
         for _, proc in procs:
             if proc.poll() is None:
                 proc.terminate()
@@ -544,9 +567,26 @@ def _print_table(
         print(f"  {name:<{width}}  {value}")
 
 
-def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """Turn SIGTERM into an exception so that the cluster's `with` block stops etcd."""
-    raise SystemExit(128 + signum)
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM outside the event loop: raise KeyboardInterrupt, as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+async def _measure_cancellable(
+    cluster: EtcdCluster, seconds: float, latency_n: int, inflight: int
+) -> dict[str, Any]:
+    """The measurements, cancelled (like asyncio.run does on Ctrl-C) by SIGTERM.
+
+    Inside the loop SIGTERM must not raise from a plain signal handler: Python runs
+    it wherever the main thread happens to be, which includes gRPC's Cython
+    callbacks, and a SystemExit or KeyboardInterrupt raised there ends the process
+    on the spot without unwinding -- leaving the etcd members running. A loop
+    signal handler runs as an ordinary callback instead.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await _run_measurements(cluster, seconds, latency_n, inflight)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -558,16 +598,23 @@ def main(argv: list[str] | None = None) -> int:
         "--dir", type=Path, default=None, help="parent of the (temporary) cluster directory"
     )
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, _interrupt)
     members = 3
-    with (
-        tempfile.TemporaryDirectory(prefix="etcd-peer-", dir=args.dir) as base,
-        EtcdCluster(base, members=members) as cluster,
-    ):
-        cluster.wait_ready()
-        results = asyncio.run(
-            _run_measurements(cluster, args.seconds, args.latency_n, args.inflight)
-        )
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="etcd-peer-", dir=args.dir) as base,
+            EtcdCluster(base, members=members) as cluster,
+        ):
+            cluster.wait_ready()
+            try:
+                results = asyncio.run(
+                    _measure_cancellable(cluster, args.seconds, args.latency_n, args.inflight)
+                )
+            finally:
+                signal.signal(signal.SIGTERM, _interrupt)  # closing the loop reset it
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted; every etcd member was stopped", file=sys.stderr)
+        return 130
     _print_table(results, members, args.seconds, args.latency_n, args.inflight)
     return 0
 

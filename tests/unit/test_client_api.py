@@ -288,6 +288,14 @@ def hierarchical(keys: list[str]) -> list[str]:
     return sorted(keys, key=functools.cmp_to_key(compare_keys))
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(0.01)
+
+
 # ------------------------------------------------------------ assignments
 
 
@@ -547,6 +555,7 @@ def test_read_answers_every_get_in_order_and_in_chunks(small_cluster: Cluster) -
         (pb.LOWER, "/a/1", None),
         (pb.HIGHER, "/a/3/x", None),
     ],
+    ids=lambda v: pb.KeyComparisonType.Name(v) if isinstance(v, int) else repr(v),
 )
 def test_get_with_comparison_returns_the_key_found(
     cluster: Cluster, comparison: int, key: str, found: str | None
@@ -752,14 +761,3 @@ def test_limits_must_be_positive() -> None:
     directory = Directory(rpb.ShardAssignmentsUpdate(), [])
     with pytest.raises(ValueError, match="max_key_bytes must be positive, got 0"):
         OxiaClientServicer(directory, max_key_bytes=0)
-
-
-# ----------------------------------------------------------------- helpers
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.01)

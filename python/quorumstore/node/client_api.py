@@ -78,11 +78,28 @@ _STATUS = {
 _COMPARISONS = {int(c) for c in KeyComparison}
 
 
+class ShardDirectory(Protocol):
+    """What a node tells its client API: hosted shards and the routing table."""
+
+    def shard_host(self, namespace: str, shard: int) -> ShardHostApi | None:
+        """The replica of the shard on this node; None when it is not hosted here."""
+        ...
+
+    def assignments(self) -> replication_pb2.ShardAssignmentsUpdate:
+        """The latest routing table pushed by the coordinator."""
+        ...
+
+    async def assignments_changed(self, version: int) -> None:
+        """Returns once a table newer than `version` is present."""
+        ...
+
+    def now_ms(self) -> int:
+        """Wall clock for write timestamps: the leader's clock goes into the entry."""
+        ...
+
+
 class ShardHostApi(Protocol):
     """One shard replica hosted by this node, as the client API needs it."""
-
-    namespace: str
-    shard: int
 
     def is_leader(self) -> bool: ...
 
@@ -101,26 +118,6 @@ class ShardHostApi(Protocol):
 
     def reader(self) -> ShardReader:
         """The committed state (the leader's applied KV)."""
-        ...
-
-
-class ShardDirectory(Protocol):
-    """What a node tells its client API: hosted shards and the routing table."""
-
-    def shard_host(self, namespace: str, shard: int) -> ShardHostApi | None:
-        """The replica of the shard on this node; None when it is not hosted here."""
-        ...
-
-    def assignments(self) -> replication_pb2.ShardAssignmentsUpdate:
-        """The latest routing table pushed by the coordinator."""
-        ...
-
-    async def assignments_changed(self, version: int) -> None:
-        """Returns once a table newer than `version` is present."""
-        ...
-
-    def now_ms(self) -> int:
-        """Wall clock for write timestamps: the leader's clock goes into the entry."""
         ...
 
 
@@ -335,9 +332,10 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         """The namespace's full map now, and again whenever it changes.
 
         A node that has no table yet holds the stream open until the first one. A new
-        table that leaves this namespace's map as it was is not sent: the official
-        Python client (0.2.1) handles one message only, and its reader thread blocks on
-        a second one (it waits on its start-up barrier again), so quiet streams matter.
+        table that leaves this namespace's map as it was is not sent, because every
+        message costs the official Python client (0.2.1) dearly: its reader thread waits
+        on its start-up barrier after each map, so it applies the second map, then blocks
+        for good (later maps are never read, and `Client.close()` hangs joining it).
         """
         namespace = request.namespace or DEFAULT_NAMESPACE
         last_sent: pb.ShardAssignments | None = None
@@ -480,7 +478,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         try:
             result = await host.write(payload)
         except NotLeaderError as e:
-            raise _not_leader(host.shard, e.leader_hint) from e
+            raise _not_leader(request.shard, e.leader_hint) from e
         return _write_response(request, result)
 
     async def Write(
@@ -523,8 +521,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         finally:
             starter.cancel()
             while not pending.empty():
-                if (write := pending.get_nowait()) is not None:
-                    write.cancel()
+                _abandon(pending.get_nowait())
 
     # --------------------------------------------------------------- reads
 
@@ -607,6 +604,16 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self, request: pb.GetSequenceUpdatesRequest, context: grpc.aio.ServicerContext
     ) -> NoReturn:
         await _unimplemented(context, "sequence keys are")
+
+
+def _abandon(write: asyncio.Future[pb.WriteResponse] | None) -> None:
+    """Drop a write nobody will answer: cancel it, or consume its outcome if it is done."""
+    if write is None:
+        return
+    if not write.done():
+        write.cancel()
+    elif not write.cancelled():
+        write.exception()  # consumed, so asyncio does not log it as never retrieved
 
 
 async def _unimplemented(context: grpc.aio.ServicerContext, what: str) -> NoReturn:

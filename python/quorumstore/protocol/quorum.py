@@ -53,9 +53,3 @@ class QuorumAckTracker:
             self.commit_offset = candidate
             return True
         return False
-
-    def acked(self, replica: str) -> int:
-        return self._acked.get(replica, -1)
-
-    def forget(self, replica: str) -> None:
-        self._acked.pop(replica, None)

@@ -98,7 +98,10 @@ class ReplicaConfig:
 
 
 class CursorState(enum.Enum):
+    #: Streaming: every new entry is pushed at once, up to the in-flight window.
     REPLICATE = "replicate"
+    #: A push went unanswered: one batch at a time until the follower acks (etcd's probe).
+    PROBE = "probe"
     TRUNCATING = "truncating"
     SNAPSHOT = "snapshot"
 
@@ -168,7 +171,8 @@ class ShardReplica:
             if cursor.idle_ticks < patience:
                 continue
             cursor.idle_ticks = 0
-            if cursor.state is CursorState.REPLICATE:
+            if cursor.state in (CursorState.REPLICATE, CursorState.PROBE):
+                cursor.state = CursorState.PROBE
                 cursor.next_offset = cursor.acked_offset + 1
                 self._send_append(cursor, heartbeat=True)
             elif cursor.state is CursorState.TRUNCATING:
@@ -343,13 +347,20 @@ class ShardReplica:
         self._ready.snapshots.append(SendSnapshot(self.shard, self.term, cursor.name))
 
     def _send_append(self, cursor: FollowCursor, *, heartbeat: bool) -> None:
+        """Pushes what the follower lacks; a heartbeat (or probe) when there is nothing."""
         if cursor.next_offset <= self._log.base.offset:
             self._start_snapshot(cursor)  # what it needs next was trimmed away
             return
         head = self._log.head
         cfg = self.config
         sent = False
-        while cursor.next_offset <= head.offset and cursor.last_pushed - cursor.acked_offset < cfg.max_inflight_entries:
+        batches = 1 if cursor.state is CursorState.PROBE else cfg.max_inflight_entries
+        while (
+            cursor.next_offset <= head.offset
+            and cursor.last_pushed - cursor.acked_offset < cfg.max_inflight_entries
+            and batches > 0
+        ):
+            batches -= 1
             budget = min(cfg.max_append_entries, cfg.max_inflight_entries - (cursor.last_pushed - cursor.acked_offset))
             entries = tuple(self._log.read(cursor.next_offset, budget, cfg.max_append_bytes))
             if not entries:
@@ -384,6 +395,8 @@ class ShardReplica:
             if cursor.state is CursorState.SNAPSHOT:
                 self._reconcile(cursor, msg.follower_head)  # the snapshot is installed
                 return
+            if cursor.state is CursorState.PROBE:
+                cursor.state = CursorState.REPLICATE
             if msg.head_offset > cursor.acked_offset:
                 cursor.acked_offset = msg.head_offset
                 cursor.idle_ticks = 0
@@ -393,8 +406,8 @@ class ShardReplica:
                 if cursor.next_offset <= cursor.acked_offset:
                     cursor.next_offset = cursor.acked_offset + 1
             return
-        if cursor.state is not CursorState.REPLICATE or msg.follower_head.offset < cursor.acked_offset:
-            return  # a stale answer: a probe is under way or the follower has moved on
+        if cursor.state not in (CursorState.REPLICATE, CursorState.PROBE) or msg.follower_head.offset < cursor.acked_offset:
+            return  # a stale answer: a truncation or snapshot is under way, or the follower moved on
         self._reconcile(cursor, msg.follower_head)
 
     def _on_truncate_response(self, msg: TruncateResponse) -> None:

@@ -85,8 +85,14 @@ def decode_key(data: bytes) -> str:
     return body.replace(_ESCAPED_ZERO, b"\x00").decode()
 
 
+#: Below this many keys the per-call cost of Arrow kernels exceeds a plain loop.
+_SMALL_BATCH = 64
+
+
 def encode_keys(keys: pa.Array) -> pa.BinaryArray:
     """`encode_key` over a whole StringArray, with Arrow kernels only (nulls stay null)."""
+    if len(keys) < _SMALL_BATCH:
+        return pa.array([None if k is None else encode_key(k) for k in keys.to_pylist()], pa.binary())
     data = pc.replace_substring(keys.cast(pa.binary()), b"\x00", _ESCAPED_ZERO)
     # RE2 runs binary input in Latin-1 mode, so [^/] matches every other byte.
     data = pc.replace_substring_regex(data, r"/([^/]*)\z", _LAST_LEVEL + rb"\1", max_replacements=1)

@@ -35,9 +35,11 @@ from quorumstore.storage.keys import (
     key_range,
 )
 from quorumstore.storage.kv import KvReader, KvStore
+from quorumstore.storage.serials import decode_serial_record, serial_changes, serial_key
 from quorumstore.storage.write_batch import (
     VERSION_ID_NOT_EXISTS,
     Op,
+    batch_origin,
     batch_timestamp_ms,
     decode_batch,
 )
@@ -126,6 +128,35 @@ _UNEXPECTED_VERSION_ID = OpResult(Status.UNEXPECTED_VERSION_ID)
 class EntryResult:
     offset: int
     results: list[OpResult]
+    #: True when the entry repeated an exactly-once serial already applied: nothing
+    #: changed, and `results` are the original write's (empty for an older serial).
+    duplicate: bool = False
+
+
+_RESULT = struct.Struct("<BBI")  # status, has record, record length
+
+
+def encode_results(results: Sequence[OpResult]) -> bytes:
+    """Compact bytes of per-op results, kept with a client's latest serial."""
+    parts = [_COUNTER.pack(len(results))]
+    for r in results:
+        record = b"" if r.version is None else encode_record(r.version)
+        parts.append(_RESULT.pack(r.status, r.version is not None, len(record)))
+        parts.append(record)
+    return b"".join(parts)
+
+
+def decode_results(data: bytes) -> list[OpResult]:
+    (count,) = _COUNTER.unpack_from(data)
+    at = _COUNTER.size
+    out = []
+    for _ in range(count):
+        status, has_record, length = _RESULT.unpack_from(data, at)
+        at += _RESULT.size
+        record = decode_record(data[at : at + length]) if has_record else None
+        at += length
+        out.append(OpResult(Status(status), record))
+    return out
 
 
 def encode_record(record: Record) -> bytes:
@@ -230,6 +261,10 @@ def _records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
     )
     key = decode_keys(pa.array(keys, pa.binary()))
     return pa.RecordBatch.from_arrays([key, value, *fields], schema=SCAN_SCHEMA)
+
+
+def _pack_position(position: LogPosition) -> bytes:
+    return _POSITION.pack(position.term, position.offset, position.checksum)
 
 
 def read_applied_position(kv: KvReader) -> LogPosition:
@@ -371,6 +406,19 @@ class ShardStateMachine(ShardReader):
     def _apply_entry(self, entry: LogEntry) -> EntryResult:
         batch = decode_batch(entry.payload)
         now = batch_timestamp_ms(batch)
+        position = LogPosition(entry.term, entry.offset, entry.checksum)
+        origin = batch_origin(batch)
+        previous_serial = None
+        if origin is not None:
+            previous_serial = self._store.get(serial_key(origin.client_id))
+            if previous_serial is not None:
+                last, _, stored = decode_serial_record(previous_serial)
+                if origin.serial <= last:
+                    # A retry of a write that already took effect: consume the offset only.
+                    self._store.write([(APPLIED_KEY, _pack_position(position))], [], [])
+                    self._applied = position
+                    results = decode_results(stored) if origin.serial == last else []
+                    return EntryResult(entry.offset, results, duplicate=True)
         columns = batch.to_pydict()
         ops = columns["op"]
         unknown = set(ops) - _KNOWN_OPS
@@ -436,13 +484,16 @@ class ShardStateMachine(ShardReader):
                 changes[key] = None
                 results.append(_OK)
 
-        position = LogPosition(entry.term, entry.offset, entry.checksum)
         puts = [(k, v) for k, v in changes.items() if v is not None]
-        puts.append(
-            (APPLIED_KEY, _POSITION.pack(position.term, position.offset, position.checksum))
-        )
+        puts.append((APPLIED_KEY, _pack_position(position)))
         puts.append((NEXT_VERSION_ID_KEY, _COUNTER.pack(next_version_id)))
         deletes = [k for k, v in changes.items() if v is None]
+        if origin is not None:
+            serial_puts, serial_deletes = serial_changes(
+                self._store, origin.client_id, origin.serial, now, encode_results(results), previous_serial
+            )
+            puts.extend(serial_puts)
+            deletes.extend(serial_deletes)
         self._store.write(puts, deletes, ranges)
         self._applied = position
         self._next_version_id = next_version_id

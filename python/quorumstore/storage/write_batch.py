@@ -9,11 +9,15 @@ never from their own clocks, so every replica computes identical records.
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import pyarrow as pa
 
 #: Schema metadata key holding the leader's wall clock, in ms, as a decimal string.
 TIMESTAMP_KEY = b"timestamp_ms"
+#: Schema metadata keys of an exactly-once write: the client's id and its serial (seed 003).
+CLIENT_ID_KEY = b"client_id"
+SERIAL_KEY = b"serial"
 #: `expected_version_id` meaning "the key must not exist".
 VERSION_ID_NOT_EXISTS = -1
 
@@ -43,8 +47,30 @@ SCHEMA = pa.schema(
 )
 
 
-def _with_timestamp(timestamp_ms: int) -> pa.Schema:
-    return SCHEMA.with_metadata({TIMESTAMP_KEY: str(int(timestamp_ms)).encode()})
+class ClientSerial(NamedTuple):
+    """Identifies one logical write of one client: retries carry the same pair."""
+
+    client_id: str
+    serial: int
+
+
+def _with_timestamp(timestamp_ms: int, origin: ClientSerial | None = None) -> pa.Schema:
+    metadata = {TIMESTAMP_KEY: str(int(timestamp_ms)).encode()}
+    if origin is not None:
+        if not origin.client_id or origin.serial < 0:
+            raise ValueError(f"an exactly-once write needs a client id and a serial >= 0, got {origin}")
+        metadata[CLIENT_ID_KEY] = origin.client_id.encode()
+        metadata[SERIAL_KEY] = str(int(origin.serial)).encode()
+    return SCHEMA.with_metadata(metadata)
+
+
+def batch_origin(batch: pa.RecordBatch) -> ClientSerial | None:
+    """The (client id, serial) an exactly-once write carries, if any."""
+    metadata = batch.schema.metadata or {}
+    client_id = metadata.get(CLIENT_ID_KEY)
+    if client_id is None:
+        return None
+    return ClientSerial(client_id.decode(), int(metadata[SERIAL_KEY]))
 
 
 def _check(batch: pa.RecordBatch) -> None:
@@ -145,16 +171,18 @@ class WriteBatchBuilder:
     def add_delete_range(self, start_inclusive: str, end_exclusive: str) -> None:
         self._add(Op.DELETE_RANGE, start_inclusive, end_key=end_exclusive)
 
-    def build(self, timestamp_ms: int) -> bytes:
+    def build(self, timestamp_ms: int, origin: ClientSerial | None = None) -> bytes:
         arrays = [
             pa.array(column, field.type) for column, field in zip(self._columns.values(), SCHEMA)
         ]
         return encode_batch(
-            pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms))
+            pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
         )
 
 
-def puts_batch(keys: pa.Array, values: pa.Array, timestamp_ms: int) -> bytes:
+def puts_batch(
+    keys: pa.Array, values: pa.Array, timestamp_ms: int, origin: ClientSerial | None = None
+) -> bytes:
     """Payload of unconditional puts straight from Arrow arrays (no Python per key)."""
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys but {len(values)} values")
@@ -165,4 +193,6 @@ def puts_batch(keys: pa.Array, values: pa.Array, timestamp_ms: int) -> bytes:
         "value": values.cast(pa.binary()),
     }
     arrays = [columns.get(field.name, pa.nulls(n, field.type)) for field in SCHEMA]
-    return encode_batch(pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms)))
+    return encode_batch(
+        pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
+    )

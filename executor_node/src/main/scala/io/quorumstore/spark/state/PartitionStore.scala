@@ -1,0 +1,229 @@
+package io.quorumstore.spark.state
+
+import scala.collection.mutable
+
+import org.apache.spark.internal.Logging
+
+import io.quorumstore.spark.state.StateKeys.{Delta, Snapshot}
+
+/** A version of the partition held in memory: what `uid` names at `version`. */
+final case class LocalCopy(version: Long, uid: String, map: StateMap)
+
+/** Result of loading a version: the map, its checkpoint id, and where it came from. */
+final case class Loaded(copy: LocalCopy, fromStore: Boolean, snapshotVersion: Option[Long])
+
+/** What one commit shipped. */
+final case class CommitStats(keys: Long, bytes: Long)
+
+/** The partition's head moved after this attempt loaded its version: someone else committed. */
+final class StateCommitConflictException(message: String) extends IllegalStateException(message)
+
+/**
+ * All reads and writes of one state-store partition in quorumstore (layout: StateKeys).
+ *
+ * Versions form a lineage: each commit of version v is stored under its own checkpoint id
+ * and names its parent's id, so attempts that lost a race leave only unreachable records.
+ * A commit is fenced on the head record: it puts the new head with `expected_version_id`
+ * set to the head's version id seen when the attempt loaded its state.
+ */
+final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: QuorumConf)
+  extends Logging {
+
+  private val pk = keys.partitionKey
+  private def timeout = conf.timeoutMs
+
+  /** The head and its record version id (for fencing), if any version was committed. */
+  def readHead(): Option[(Head, Long)] =
+    client.read(pk, Seq(keys.head), timeout).head.map(r => (Codec.decodeHead(r.value), r.versionId))
+
+  /** Headers of the complete commits of `kind` with from <= version < to. */
+  private def headers(kind: String, from: Long, to: Long): Map[(Long, String), CommitHeader] = {
+    val (start, end) = keys.versions(kind, from, to)
+    val present = client.list(pk, start, end, timeout).flatMap(keys.parse).filter(_.index == 0)
+    val records = client.read(pk, present.map(k => keys.chunk(kind, k.version, k.uid, 0)), timeout)
+    present.zip(records).collect { case (k, Some(r)) =>
+      (k.version, k.uid) -> Codec.decodeHeader(r.value)
+    }.toMap
+  }
+
+  /** (version, uid) pairs from `top` downwards, as far as delta headers reach. */
+  private def chain(top: (Long, String), deltas: Map[(Long, String), CommitHeader])
+      : IndexedSeq[(Long, String)] = {
+    val out = mutable.ArrayBuffer(top)
+    while (out.last._1 > 0 && deltas.contains(out.last)) {
+      out += ((out.last._1 - 1, deltas(out.last).parentUid))
+    }
+    out.toIndexedSeq
+  }
+
+  private def missing(version: Long, detail: String): Nothing =
+    throw new IllegalStateException(s"version $version of state partition $pk cannot be " +
+      s"rebuilt from quorumstore: $detail. Was the state deleted, or retained for fewer " +
+      "versions than spark.sql.streaming.minBatchesToRetain?")
+
+  /**
+   * Version `version` (checkpoint id `uniqueId`, or the one on the head's lineage), built
+   * from the local copy when it is on the lineage, else from the newest snapshot on it, plus
+   * the deltas after that.
+   */
+  def load(
+      version: Long,
+      uniqueId: Option[String],
+      head: Option[Head],
+      local: Option[LocalCopy]): Loaded = {
+    if (version == 0) return Loaded(LocalCopy(0L, "", new StateMap), fromStore = false, None)
+    val top = uniqueId.map(u => (version, u)).orElse(head.filter(_.version >= version)
+      .map(h => (h.version, h.uid))).getOrElse {
+      missing(version, s"the latest committed version is ${head.map(_.version).getOrElse("none")}")
+    }
+    if (top._1 == version && local.exists(l => (l.version, l.uid) == top)) {
+      return Loaded(local.get, fromStore = false, None)
+    }
+    val deltas = headers(Delta, 1, top._1 + 1)
+    val fromTop = chain(top, deltas)
+    if (fromTop.size <= top._1 - version) {
+      missing(version, s"the delta of version ${fromTop.last._1} (id ${fromTop.last._2}) is gone")
+    }
+    val lineage = fromTop.drop((top._1 - version).toInt)
+    val target = lineage.head
+    val localAt = local.map(l => lineage.indexOf((l.version, l.uid))).filter(_ >= 0)
+    if (localAt.contains(0)) return Loaded(local.get, fromStore = false, None)
+
+    lazy val snapshots = headers(Snapshot, 0, version + 1)
+    val (startAt, base, snapshotVersion) = localAt match {
+      case Some(i) => (i, local.get.map, None)
+      case None =>
+        val s = lineage.indexWhere(p => p._1 > 0 && snapshots.contains(p))
+        if (s >= 0) (s, readSnapshot(lineage(s), snapshots(lineage(s))), Some(lineage(s)._1))
+        else if (lineage.last._1 == 0) (lineage.size - 1, new StateMap, None)
+        else missing(version, s"no snapshot and no delta for version ${lineage.last._1}")
+    }
+    applyDeltas(lineage.take(startAt), deltas, base)
+    Loaded(LocalCopy(version, target._2, base), fromStore = true, snapshotVersion)
+  }
+
+  private def readSnapshot(at: (Long, String), header: CommitHeader): StateMap = {
+    val (start, end) = keys.dataChunks(Snapshot, at._1, at._2)
+    val chunks = client.rangeScan(pk, start, end, timeout)
+    if (chunks.size != header.chunks) {
+      missing(at._1, s"snapshot ${at._2} has ${chunks.size} of ${header.chunks} chunks")
+    }
+    val map = new StateMap
+    chunks.foreach(c => Codec.readChunk(c.value, map))
+    map
+  }
+
+  /** Applies the deltas of `path` (newest first) to `map`, oldest first. */
+  private def applyDeltas(
+      path: Seq[(Long, String)],
+      deltas: Map[(Long, String), CommitHeader],
+      map: StateMap): Unit = if (path.nonEmpty) {
+    val wanted = path.toSet
+    val (start, end) = keys.versions(Delta, path.last._1, path.head._1 + 1)
+    val chunks = client.rangeScan(pk, start, end, timeout).flatMap { r =>
+      keys.parse(r.key).filter(k => k.index > 0 && wanted((k.version, k.uid))).map(k => (k, r.value))
+    }.groupBy(c => (c._1.version, c._1.uid))
+    path.reverse.foreach { commit =>
+      val parts = chunks.getOrElse(commit, Vector.empty).sortBy(_._1.index)
+      if (parts.size != deltas(commit).chunks) {
+        missing(commit._1, s"delta ${commit._2} has ${parts.size} of ${deltas(commit).chunks} chunks")
+      }
+      parts.foreach(p => Codec.readChunk(p._2, map))
+    }
+  }
+
+  /**
+   * Commits `view`'s changes as version `version` with id `uid`, fenced on the head's
+   * version id `expectedHeadVersionId` (-1: no head yet). Data that does not fit one request
+   * goes ahead in unreachable chunks; the request that moves the head is the commit point.
+   */
+  def commit(
+      version: Long,
+      uid: String,
+      parentUid: String,
+      view: StateView,
+      expectedHeadVersionId: Long): CommitStats = {
+    val writer = new Codec.ChunkWriter(conf.chunkBytes)
+    view.replay(writer)
+    val chunks = writer.finish()
+    val header = CommitHeader(parentUid, chunks.size, writer.entries, writer.bytes)
+    val last = Seq(
+      PutOp(keys.chunk(Delta, version, uid, 0), Codec.encodeHeader(header), pk),
+      PutOp(keys.head, Codec.encodeHead(Head(version, uid)), pk, Some(expectedHeadVersionId)))
+    val (result, retried) = writeChunks(Delta, version, uid, chunks, last)
+    if (result.puts.last.status != OxiaStatus.Ok) {
+      val committedAnyway = retried && readHead().exists(_._1 == Head(version, uid))
+      if (!committedAnyway) {
+        discard(Delta, version, uid)
+        throw new StateCommitConflictException(s"quorumstore refused the commit of version " +
+          s"$version of state partition $pk (${OxiaStatus.name(result.puts.last.status)} on " +
+          s"its head): another attempt of this task, speculative or a zombie, committed after " +
+          "this one loaded its state, and this attempt must not overwrite it")
+      }
+    }
+    CommitStats(writer.entries, writer.bytes)
+  }
+
+  /** Writes the full state `map` as snapshot (version, uid); the header goes last. */
+  def writeSnapshot(version: Long, uid: String, chunks: Seq[Array[Byte]], entries: Long,
+      bytes: Long): Unit = {
+    val header = CommitHeader("", chunks.size, entries, bytes)
+    writeChunks(Snapshot, version, uid, chunks,
+      Seq(PutOp(keys.chunk(Snapshot, version, uid, 0), Codec.encodeHeader(header), pk)))
+  }
+
+  /** Sends the data chunks in requests of at most maxWriteBytes, then `last` with the rest. */
+  private def writeChunks(
+      kind: String,
+      version: Long,
+      uid: String,
+      chunks: Seq[Array[Byte]],
+      last: Seq[PutOp]): (WriteResult, Boolean) = {
+    val puts = chunks.zipWithIndex.map { case (c, i) => PutOp(keys.chunk(kind, version, uid, i + 1), c, pk) }
+    val batches = mutable.ArrayBuffer(mutable.ArrayBuffer.empty[PutOp])
+    var size = 0L
+    puts.foreach { p =>
+      if (batches.last.nonEmpty && size + p.value.length > conf.maxWriteBytes) {
+        batches += mutable.ArrayBuffer.empty[PutOp]
+        size = 0L
+      }
+      batches.last += p
+      size += p.value.length
+    }
+    if (batches.last.nonEmpty && size + last.map(_.value.length).sum > conf.maxWriteBytes) {
+      batches += mutable.ArrayBuffer.empty[PutOp]
+    }
+    batches.init.foreach(b => client.write(pk, b.toSeq, Nil, timeout))
+    client.write(pk, (batches.last ++ last).toSeq, Nil, timeout)
+  }
+
+  /** Best-effort removal of one commit's records (after losing a commit race). */
+  private def discard(kind: String, version: Long, uid: String): Unit =
+    try {
+      val (_, end) = keys.dataChunks(kind, version, uid)
+      client.write(pk, Nil, Seq(DeleteRangeOp(keys.chunk(kind, version, uid, 0), end)), timeout)
+    } catch {
+      case e: Exception => logWarning(s"could not remove the records of losing commit $uid: $e")
+    }
+
+  /**
+   * Deletes what no version Spark may still ask for needs: every delta and snapshot older
+   * than the newest snapshot on the head's lineage at or below head - minVersionsToRetain.
+   */
+  def cleanup(minVersionsToRetain: Int): Unit = readHead().foreach { case (head, _) =>
+    val floor = head.version - minVersionsToRetain
+    if (floor > 0) {
+      val snapshots = headers(Snapshot, 1, floor + 1)
+      if (snapshots.nonEmpty) {
+        val lineage = chain((head.version, head.uid), headers(Delta, 1, head.version + 1))
+        lineage.find(p => p._1 <= floor && snapshots.contains(p)).foreach { case (keep, _) =>
+          val (deltasFrom, deltasTo) = keys.versions(Delta, 0, keep + 1)
+          val (snapsFrom, snapsTo) = keys.versions(Snapshot, 0, keep)
+          client.write(pk, Nil, Seq(DeleteRangeOp(deltasFrom, deltasTo),
+            DeleteRangeOp(snapsFrom, snapsTo)), timeout)
+          logInfo(s"removed versions up to $keep of $pk (snapshot $keep kept)")
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,147 @@
+package io.quorumstore.spark.state
+
+import java.util.concurrent.ConcurrentHashMap
+
+import scala.util.control.NonFatal
+
+import org.apache.spark.internal.Logging
+
+/**
+ * A small Oxia-protocol client for the state store: routes a partition key to its shard
+ * (low 32 bits of XXH3-64 over the assignment hash ranges, Oxia's rule), sends each request
+ * to that shard's leader, and on leader changes or unreachable nodes refreshes the
+ * assignments (from any configured or previously known node) and retries until the
+ * operation's time budget is spent. One instance per (addresses, namespace) per JVM.
+ */
+final class QuorumClient private (val addresses: Seq[String], val namespace: String) extends Logging {
+  private val connections = new ConcurrentHashMap[String, OxiaWire.Connection]()
+  @volatile private var assignments: Seq[ShardAssignment] = Nil
+
+  private def connection(address: String): OxiaWire.Connection =
+    connections.computeIfAbsent(address, a => OxiaWire.connect(a))
+
+  /** The shard holding every record written with `partitionKey`. */
+  def shardFor(partitionKey: String, timeoutMs: Long): ShardAssignment = {
+    if (assignments.isEmpty) refresh(System.nanoTime() + timeoutMs * 1000000L)
+    route(partitionKey)
+  }
+
+  private def route(partitionKey: String): ShardAssignment = {
+    val hash = Xxh3.hash64(partitionKey) & 0xffffffffL
+    assignments.find(a => a.minHash <= hash && hash <= a.maxHash).getOrElse(
+      throw new IllegalStateException(s"no shard of namespace '$namespace' covers hash $hash; " +
+        s"assignments: ${assignments.mkString(", ")}"))
+  }
+
+  /** Fetches assignments from the configured nodes, then from any leader seen before. */
+  private def refresh(deadlineNanos: Long): Unit = synchronized {
+    val candidates = (addresses ++ assignments.map(_.leader)).distinct.iterator
+    var fresh: Seq[ShardAssignment] = Nil
+    var lastError: Throwable = null
+    while (fresh.isEmpty && candidates.hasNext) {
+      val address = candidates.next()
+      try {
+        fresh = OxiaWire.shardAssignments(connection(address), namespace,
+          math.min(remainingMs(deadlineNanos), 10000L))
+        if (fresh.isEmpty) lastError = new IllegalStateException(s"$address sent no shards")
+      } catch {
+        case e: WireException if e.code == "NOT_FOUND" => throw e
+        case NonFatal(e) => lastError = e
+      }
+    }
+    if (fresh.isEmpty) {
+      throw new QuorumUnavailableException(describe("fetching shard assignments") + ": " +
+        String.valueOf(lastError.getMessage), lastError)
+    }
+    assignments = fresh
+  }
+
+  private def remainingMs(deadlineNanos: Long): Long =
+    math.max(1L, (deadlineNanos - System.nanoTime()) / 1000000L)
+
+  private def describe(what: String): String =
+    s"quorumstore cluster at ${addresses.mkString(",")} (namespace '$namespace') failed " +
+      s"while $what"
+
+  /**
+   * Runs `op` against the leader of `partitionKey`'s shard, retrying retryable failures with
+   * backoff until `timeoutMs` is spent. `op` gets the connection, shard, remaining ms and
+   * whether this is a retry.
+   */
+  private def withLeader[T](partitionKey: String, timeoutMs: Long, what: String)(
+      op: (OxiaWire.Connection, Long, Long, Boolean) => T): T = {
+    val deadline = System.nanoTime() + timeoutMs * 1000000L
+    var attempt = 0
+    var backoffMs = 50L
+    var lastError: Throwable = null
+    while (true) {
+      val outOfTime = attempt > 0 && System.nanoTime() + backoffMs * 1000000L >= deadline
+      if (outOfTime) {
+        throw new QuorumUnavailableException(
+          describe(what) + s" for $timeoutMs ms (spark.quorumstore.timeoutMs); last error: " +
+            String.valueOf(lastError.getMessage), lastError)
+      }
+      if (attempt > 0) {
+        Thread.sleep(backoffMs)
+        backoffMs = math.min(backoffMs * 2, 1000L)
+      }
+      try {
+        if (attempt > 0 || assignments.isEmpty) refresh(deadline)
+        val target = route(partitionKey)
+        return op(connection(target.leader), target.shard, remainingMs(deadline), attempt > 0)
+      } catch {
+        case e: WireException if e.retryable =>
+          logInfo(s"retrying after ${e.getMessage} ($what)")
+          lastError = e
+        case e: QuorumUnavailableException =>
+          lastError = Option(e.getCause).getOrElse(e)
+      }
+      attempt += 1
+    }
+    throw new AssertionError("unreachable")
+  }
+
+  /**
+   * One replicated write to the shard of `partitionKey`. The flag is true when the request
+   * was sent more than once, so an earlier attempt may already have been applied.
+   */
+  def write(
+      partitionKey: String,
+      puts: Seq[PutOp],
+      deleteRanges: Seq[DeleteRangeOp],
+      timeoutMs: Long): (WriteResult, Boolean) =
+    withLeader(partitionKey, timeoutMs, s"writing under $partitionKey") {
+      (conn, shard, remaining, retried) =>
+        (OxiaWire.write(conn, shard, puts, deleteRanges, remaining), retried)
+    }
+
+  /** Point reads of `keys` (all under `partitionKey`), in order; None where absent. */
+  def read(partitionKey: String, keys: Seq[String], timeoutMs: Long): Seq[Option[Record]] =
+    if (keys.isEmpty) Nil
+    else withLeader(partitionKey, timeoutMs, s"reading ${keys.head} and ${keys.size - 1} more") {
+      (conn, shard, remaining, _) => OxiaWire.read(conn, shard, keys, remaining)
+    }
+
+  def rangeScan(partitionKey: String, start: String, end: String, timeoutMs: Long): Vector[Record] =
+    withLeader(partitionKey, timeoutMs, s"scanning [$start, $end)") {
+      (conn, shard, remaining, _) => OxiaWire.rangeScan(conn, shard, start, end, remaining)
+    }
+
+  def list(partitionKey: String, start: String, end: String, timeoutMs: Long): Vector[String] =
+    withLeader(partitionKey, timeoutMs, s"listing [$start, $end)") {
+      (conn, shard, remaining, _) => OxiaWire.list(conn, shard, start, end, remaining)
+    }
+}
+
+/** The cluster could not be reached (or kept failing) within the configured time budget. */
+final class QuorumUnavailableException(message: String, cause: Throwable)
+  extends RuntimeException(message + ". Check spark.quorumstore.address and that the " +
+    "quorumstore cluster is running and reachable from the executors.", cause)
+
+object QuorumClient {
+  private val clients = new ConcurrentHashMap[(Seq[String], String), QuorumClient]()
+
+  /** The JVM-wide client for `addresses` (comma-separated "host:port") and `namespace`. */
+  def shared(addresses: Seq[String], namespace: String): QuorumClient =
+    clients.computeIfAbsent((addresses, namespace), k => new QuorumClient(k._1, k._2))
+}

@@ -1,0 +1,215 @@
+package io.quorumstore.spark.state
+
+import java.util.UUID
+import java.util.concurrent.{ConcurrentHashMap, Semaphore, TimeUnit}
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.conf.Configuration
+
+import org.apache.spark.TaskContext
+import org.apache.spark.internal.Logging
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, StateSchemaProvider, StateStore, StateStoreConf, StateStoreCustomMetric, StateStoreErrors, StateStoreId, StateStoreProvider}
+import org.apache.spark.sql.types.StructType
+
+/**
+ * A StateStoreProvider whose versions live in quorumstore, Oxia's client protocol spoken
+ * from the JVM. Set `spark.sql.streaming.stateStore.providerClass` to this class and
+ * `spark.quorumstore.address` to any node of the cluster.
+ *
+ * Each commit is one fenced, replicated write of the batch's changes (PartitionStore).
+ * The partition's state stays in memory between micro-batches (the local copy), so a batch
+ * on the same executor reads nothing but the head from the cluster; a task landing on a new
+ * executor loads the newest snapshot and the deltas after it in bulk.
+ */
+class QuorumStateStoreProvider extends StateStoreProvider with Logging {
+  private var id: StateStoreId = _
+  private var hadoopConf: Configuration = _
+  private var conf: QuorumConf = _
+  private var partition: PartitionStore = _
+  private[state] var storeConf: StateStoreConf = _
+  private[state] var useColumnFamilies = false
+  private val codecs = new ConcurrentHashMap[String, FamilyCodec]()
+
+  // Guarded by `this`: loading, applying a commit and encoding a snapshot exclude each other.
+  private var local: Option[LocalCopy] = None
+  private var lastSnapshotVersion = 0L
+  // Loads not yet reported: a batch's read store loads, its write store reports.
+  private var unreportedLoadMs = 0L
+  private var unreportedLoads = 0L
+
+  // One writing store at a time shares the local copy; others wait for it.
+  private val writer = new Semaphore(1)
+  @volatile private var writerOwner: QuorumStateStore = _
+
+  override def init(
+      stateStoreId: StateStoreId,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useColumnFamilies: Boolean,
+      storeConf: StateStoreConf,
+      hadoopConf: Configuration,
+      useMultipleValuesPerKey: Boolean,
+      stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
+    require(!useMultipleValuesPerKey || useColumnFamilies,
+      "multiple values per key need column families, as with the RocksDB provider")
+    this.id = stateStoreId
+    this.storeConf = storeConf
+    this.hadoopConf = hadoopConf
+    this.useColumnFamilies = useColumnFamilies
+    this.conf = QuorumConf.from(hadoopConf)
+    val client = QuorumClient.shared(conf.addresses, conf.namespace)
+    partition = new PartitionStore(client,
+      new StateKeys(PartitionKey(conf, stateStoreId, hadoopConf)), conf)
+    registerFamily(StateStore.DEFAULT_COL_FAMILY_NAME, keyStateEncoderSpec, valueSchema,
+      useMultipleValuesPerKey)
+  }
+
+  override def stateStoreId: StateStoreId = id
+
+  def partitionKey: String = partition.keys.partitionKey
+
+  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = StoreMetrics.All
+
+  private[state] def codec(family: String): FamilyCodec = codecs.get(family)
+
+  private[state] def registerFamily(
+      family: String,
+      spec: KeyStateEncoderSpec,
+      valueSchema: StructType,
+      multipleValues: Boolean): Unit =
+    codecs.computeIfAbsent(family, _ => FamilyCodec(spec, valueSchema, multipleValues))
+
+  /** The checks (and errors) of the RocksDB provider for creating and removing families. */
+  private[state] def checkFamilyName(op: String, family: String, isInternal: Boolean): Unit = {
+    if (!useColumnFamilies) {
+      throw StateStoreErrors.unsupportedOperationException(op,
+        "column families are disabled for this state store")
+    }
+    if (family == null || family.trim.isEmpty || family == StateStore.DEFAULT_COL_FAMILY_NAME) {
+      throw StateStoreErrors.cannotUseColumnFamilyWithInvalidName(op, family)
+    }
+    if (!isInternal && family.charAt(0) == '$') {
+      throw StateStoreErrors.cannotCreateColumnFamilyWithReservedChars(family)
+    }
+  }
+
+  override def getStore(
+      version: Long,
+      uniqueId: Option[String],
+      forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): StateStore = {
+    require(version >= 0, s"state store version must not be negative, got $version")
+    if (!writer.tryAcquire(conf.timeoutMs, TimeUnit.MILLISECONDS)) {
+      throw new IllegalStateException(s"state partition $partitionKey is still being written " +
+        s"by $writerOwner on this executor after ${conf.timeoutMs} ms")
+    }
+    try {
+      val started = System.nanoTime()
+      val head = partition.readHead()
+      val copy =
+        if (loadEmpty) LocalCopy(version, uniqueId.getOrElse(""), new StateMap)
+        else load(version, uniqueId, head.map(_._1), started)
+      val (loadMs, loads) = takeLoadStats()
+      val store = new QuorumStateStore(this, version, copy.uid, new StateView(copy.map),
+        head.map(_._2).getOrElse(-1L), readOnly = false, forceSnapshotOnCommit, loadMs, loads)
+      writerOwner = store
+      Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit] { _ =>
+        if (!store.hasCommitted) store.abort()
+      })
+      store
+    } catch {
+      case NonFatal(e) =>
+        writer.release()
+        throw e
+    }
+  }
+
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
+    require(version >= 0, s"state store version must not be negative, got $version")
+    val started = System.nanoTime()
+    val head = if (uniqueId.isDefined || version == 0) None else partition.readHead().map(_._1)
+    val copy = load(version, uniqueId, head, started)
+    new QuorumStateStore(this, version, copy.uid, new StateView(copy.map), headVersionId = -1L,
+      readOnly = true, forceSnapshot = false, loadTimeMs = 0L, storeLoads = 0L)
+  }
+
+  /** `version` as the local copy; `started` is when the caller began (for the load time). */
+  private def load(version: Long, uniqueId: Option[String], head: Option[Head], started: Long)
+      : LocalCopy = synchronized {
+    val loaded = partition.load(version, uniqueId, head, local)
+    local = Some(loaded.copy)
+    loaded.snapshotVersion.foreach(v => lastSnapshotVersion = v)
+    if (loaded.fromStore) {
+      unreportedLoadMs += (System.nanoTime() - started) / 1000000L
+      unreportedLoads += 1
+      logInfo(s"loaded version $version of $partitionKey from quorumstore " +
+        s"(${loaded.copy.map.numKeys} keys)")
+    }
+    loaded.copy
+  }
+
+  private def takeLoadStats(): (Long, Long) = synchronized {
+    val stats = (unreportedLoadMs, unreportedLoads)
+    unreportedLoadMs = 0L
+    unreportedLoads = 0L
+    stats
+  }
+
+  /** Ships `store`'s changes as the next version, then folds them into the local copy. */
+  private[state] def commit(store: QuorumStateStore): (String, CommitStats) = {
+    val newVersion = store.version + 1
+    val uid = UUID.randomUUID().toString
+    val stats = partition.commit(newVersion, uid, store.baseUid, store.view, store.headVersionId)
+    synchronized {
+      store.view.replay(store.view.base)
+      local = Some(LocalCopy(newVersion, uid, store.view.base))
+    }
+    if (storeConf.commitValidationEnabled) {
+      StateStore.reportCommitToCoordinator(newVersion, id, hadoopConf)
+    }
+    releaseWriter(store)
+    if (store.forceSnapshot) snapshot(force = true)
+    (uid, stats)
+  }
+
+  private[state] def releaseWriter(store: QuorumStateStore): Unit = synchronized {
+    if (writerOwner eq store) {
+      writerOwner = null
+      writer.release()
+    }
+  }
+
+  /** Writes a snapshot of the local copy when `snapshotInterval` versions have passed. */
+  private def snapshot(force: Boolean): Unit = {
+    val due = synchronized {
+      local.filter(l => l.version > lastSnapshotVersion &&
+        (force || l.version - lastSnapshotVersion >= conf.snapshotInterval)).map { l =>
+        val out = new Codec.ChunkWriter(conf.chunkBytes)
+        l.map.writeTo(out)
+        (l, out.finish(), out.entries, out.bytes)
+      }
+    }
+    due.foreach { case (l, chunks, entries, bytes) =>
+      partition.writeSnapshot(l.version, l.uid, chunks, entries, bytes)
+      synchronized { lastSnapshotVersion = math.max(lastSnapshotVersion, l.version) }
+      logInfo(s"wrote snapshot of version ${l.version} of $partitionKey ($entries keys)")
+    }
+  }
+
+  /** Snapshots the local copy when due and drops versions Spark can no longer ask for. */
+  override def doMaintenance(): Unit = if (partition != null) {
+    try {
+      snapshot(force = false)
+      partition.cleanup(storeConf.minVersionsToRetain)
+    } catch {
+      // The next round retries; failing here would only unload the provider.
+      case NonFatal(e) => logWarning(s"maintenance of $partitionKey failed: $e")
+    }
+  }
+
+  override def close(): Unit = synchronized { local = None }
+
+  override def toString: String = s"QuorumStateStoreProvider[$partitionKey]"
+}

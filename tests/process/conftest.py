@@ -1,0 +1,693 @@
+"""Fixtures for process-level fault tests: a real cluster of OS processes on loopback.
+
+`LocalCluster` starts N `quorumstore node` processes and one `quorumstore coordinator`
+process (`python -m quorumstore.cli ...`), each on a free loopback port, each node with
+its own data directory under the test's tmp_path. It knows every process's pid and
+injects the faults the tests need: kill -9 of a node or of the coordinator, restart
+(same port, same data directory, same metadata path), and wiping a node's data.
+Everything it started is killed at teardown, whatever the test's outcome.
+
+State is observed the way an operator would: the coordinator's `CoordinatorAdmin`
+service (`GetClusterStatus`) and each node's `NodeControl.GetStatus`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import oxia
+import oxia.ex
+import pytest
+import xxhash
+
+from quorumstore.proto import replication_pb2 as pb
+from quorumstore.proto import replication_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+NAMESPACE = "default"
+#: How long a process may take to serve after it is started.
+PROCESS_START_TIMEOUT_S = 30.0
+#: How long the cluster may take to elect every shard's first leader.
+ONLINE_TIMEOUT_S = 30.0
+_RPC_TIMEOUT_S = 2.0
+_POLL_INTERVAL_S = 0.05
+
+
+# ------------------------------------------------------------------ polling
+
+
+class PollTimeout(AssertionError):
+    """A condition did not become true before its deadline."""
+
+
+class PollAbort(AssertionError):
+    """Raised by a polled condition that can never become true (e.g. its process died)."""
+
+
+def poll_until(
+    condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = _POLL_INTERVAL_S
+) -> T:
+    """Calls `condition` until it returns something truthy (returned) or `timeout_s` passes.
+
+    Exceptions from `condition` count as "not yet"; the last one is quoted on timeout.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = condition()
+            if result:
+                return result
+        except PollAbort:
+            raise
+        except Exception as e:  # noqa: BLE001 - "not ready yet" comes in many shapes
+            last_error = e
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error is not None else ""
+            raise PollTimeout(f"timed out after {timeout_s:.1f} s waiting for {what}{detail}")
+        time.sleep(interval_s)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ processes
+
+
+class ManagedProcess:
+    """One `python -m quorumstore.cli ...` child; output appended to `log_path` across restarts."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert not self.alive, f"{self.name} is already running"
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n===== start {time.strftime('%H:%M:%S')} {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "quorumstore.cli", "--log-level", "INFO", *self.argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C of pytest does not reach it; teardown does
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL, then reap: no shutdown code of the process runs."""
+        assert self.popen is not None and self.alive, f"{self.name} is not running"
+        os.kill(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(10)
+
+    def ensure_dead(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return "(no log)"
+
+
+# ------------------------------------------------------------------ the oxia client
+
+
+class _NoBarrier:
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def open_oxia_client(address: str) -> oxia.Client:
+    """The official client, made to follow every shard-assignment update.
+
+    oxia 0.2.1's ServiceDiscovery waits on a two-party `threading.Barrier` after *every*
+    assignment update it parses, but only the constructor ever meets it there: the
+    second update after the first one is parsed and then blocks the discovery thread
+    forever, so a client never learns of a later leader change. Once the constructor
+    has passed the barrier (first assignments received) it is no longer needed, so it
+    is replaced by a no-op. Nothing else of the client is touched.
+    """
+    client = oxia.Client(address)
+    client._service_discovery._init_barrier = _NoBarrier()  # type: ignore[attr-defined]
+    return client
+
+
+def close_in_background(client: oxia.Client) -> None:
+    """Closes a client without waiting (its discovery thread may sit in a back-off sleep)."""
+
+    def close() -> None:
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 - an abandoned client; nothing to report
+            pass
+
+    threading.Thread(target=close, name="oxia-close", daemon=True).start()
+
+
+# ------------------------------------------------------------------ the cluster
+
+
+@dataclass(frozen=True, order=True)
+class HashRange:
+    shard: int
+    low: int
+    high: int
+
+
+class LocalCluster:
+    """N node processes plus a coordinator process on loopback, with fault injection."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        nodes: int = 3,
+        shards: int = 1,
+        replication_factor: int = 3,
+        fsync: bool = True,
+        host: str = "127.0.0.1",
+    ):
+        self.root = root
+        self.shards = shards
+        self.replication_factor = replication_factor
+        self.host = host
+        self.nodes: list[str] = [f"{host}:{free_port(host)}" for _ in range(nodes)]
+        self.admin_address = f"{host}:{free_port(host)}"
+        self.metadata_path = root / "coordinator" / "metadata.pb"
+        (root / "logs").mkdir(parents=True, exist_ok=True)
+        no_fsync = [] if fsync else ["--no-fsync"]
+        self._processes: dict[str, ManagedProcess] = {}
+        for i, address in enumerate(self.nodes):
+            port = address.rpartition(":")[2]
+            argv = ["node", "--host", host, "--port", port, "--data-dir", str(self.node_dir(address)), *no_fsync]
+            self._processes[address] = ManagedProcess(f"node{i}", argv, root / "logs" / f"node{i}-{port}.log")
+        self.coordinator = ManagedProcess(
+            "coordinator",
+            [
+                "coordinator",
+                "--nodes", ",".join(self.nodes),
+                "--shards", str(shards),
+                "--replication-factor", str(replication_factor),
+                "--metadata", str(self.metadata_path),
+                "--host", host,
+                "--admin-port", self.admin_address.rpartition(":")[2],
+            ],
+            root / "logs" / "coordinator.log",
+        )
+        self._channels: dict[str, grpc.Channel] = {}
+        self._hash_ranges: list[HashRange] = []
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> pb.ClusterStatus:
+        """Starts every node, then the coordinator; returns once all shards have a leader."""
+        for node in self.nodes:
+            self._processes[node].start()
+        for node in self.nodes:
+            self._wait_node_serving(node)
+        self.coordinator.start()
+        status = self.wait_online()
+        self._hash_ranges = sorted(
+            HashRange(m.shard, m.hash_range.min_hash_inclusive, m.hash_range.max_hash_inclusive)
+            for m in status.metadata.shards
+        )
+        return status
+
+    def close(self) -> None:
+        """Kills every process this cluster started; safe to call more than once."""
+        for process in [self.coordinator, *self._processes.values()]:
+            process.ensure_dead()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def pid(self, name: str) -> int | None:
+        """Pid of a node (by address) or of "coordinator"; None if never started."""
+        return self.coordinator.pid if name == "coordinator" else self._processes[name].pid
+
+    def pids(self) -> dict[str, int | None]:
+        return {"coordinator": self.coordinator.pid, **{n: p.pid for n, p in self._processes.items()}}
+
+    def is_alive(self, node: str) -> bool:
+        return self._processes[node].alive
+
+    def live_nodes(self) -> list[str]:
+        return [n for n in self.nodes if self.is_alive(n)]
+
+    def node_dir(self, node: str) -> Path:
+        return self.root / "data" / node.replace(":", "_")
+
+    # -------------------------------------------------------------- faults
+
+    def kill9(self, node: str) -> float:
+        """kill -9 of a node process; returns the monotonic time of the kill."""
+        at = time.monotonic()
+        self._processes[node].kill9()
+        self._drop_channel(node)
+        return at
+
+    def restart(self, node: str) -> None:
+        """Starts a stopped node again on its port and data directory; waits until it serves."""
+        self._processes[node].start()
+        self._wait_node_serving(node)
+
+    def wipe(self, node: str) -> None:
+        """Deletes a stopped node's whole data directory."""
+        assert not self.is_alive(node), f"wipe {node} only while it is down"
+        shutil.rmtree(self.node_dir(node), ignore_errors=True)
+
+    def kill9_coordinator(self) -> float:
+        at = time.monotonic()
+        self.coordinator.kill9()
+        self._drop_channel(self.admin_address)
+        return at
+
+    def restart_coordinator(self) -> pb.ClusterStatus:
+        """Starts the coordinator again with the same metadata path; returns its first status."""
+        self.coordinator.start()
+        return poll_until(self.status, PROCESS_START_TIMEOUT_S, "the restarted coordinator to serve status")
+
+    # -------------------------------------------------------------- observation
+
+    def _channel(self, address: str) -> grpc.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.insecure_channel(address)
+            self._channels[address] = channel
+        return channel
+
+    def _drop_channel(self, address: str) -> None:
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            channel.close()
+
+    def status(self) -> pb.ClusterStatus:
+        """The coordinator's view (CoordinatorAdmin.GetClusterStatus)."""
+        stub = pb_grpc.CoordinatorAdminStub(self._channel(self.admin_address))
+        return stub.GetClusterStatus(pb.Empty(), timeout=_RPC_TIMEOUT_S)
+
+    def shard_metadata(self, shard: int) -> pb.ShardMetadata:
+        for m in self.status().metadata.shards:
+            if m.namespace == NAMESPACE and m.shard == shard:
+                return m
+        raise KeyError(f"no shard {shard} in the coordinator's metadata")
+
+    def leader_of(self, shard: int) -> str | None:
+        """The shard's leader per the coordinator, or None while it has none (election)."""
+        m = self.shard_metadata(shard)
+        return m.leader if m.status == pb.ONLINE and m.leader else None
+
+    def node_status(self, node: str, shard: int) -> pb.GetStatusResponse:
+        """One replica's own status (NodeControl.GetStatus on that node)."""
+        stub = pb_grpc.NodeControlStub(self._channel(node))
+        return stub.GetStatus(pb.GetStatusRequest(namespace=NAMESPACE, shard=shard), timeout=_RPC_TIMEOUT_S)
+
+    def _wait_node_serving(self, node: str) -> None:
+        process = self._processes[node]
+
+        def serving() -> bool:
+            if not process.alive:
+                raise PollAbort(f"{process.name} exited early; its log:\n{process.log_tail()}")
+            self.node_status(node, 0)
+            return True
+
+        poll_until(serving, PROCESS_START_TIMEOUT_S, f"{process.name} ({node}) to serve")
+
+    def wait_online(self, timeout_s: float = ONLINE_TIMEOUT_S) -> pb.ClusterStatus:
+        """Waits until the coordinator reports every shard ONLINE with a leader."""
+
+        def online() -> pb.ClusterStatus | None:
+            if not self.coordinator.alive:
+                raise PollAbort(f"the coordinator exited; its log:\n{self.coordinator.log_tail()}")
+            status = self.status()
+            ok = len(status.metadata.shards) == self.shards and all(
+                m.status == pb.ONLINE and m.leader for m in status.metadata.shards
+            )
+            return status if ok else None
+
+        return poll_until(online, timeout_s, "every shard to be online")
+
+    def wait_new_leader(self, shard: int, not_on: str, after_term: int, timeout_s: float = ONLINE_TIMEOUT_S) -> tuple[str, int]:
+        """Waits for a leader of `shard` other than `not_on`, in a term after `after_term`."""
+
+        def elected() -> tuple[str, int] | None:
+            m = self.shard_metadata(shard)
+            if m.status == pb.ONLINE and m.leader and m.leader != not_on and m.term > after_term:
+                return m.leader, m.term
+            return None
+
+        return poll_until(elected, timeout_s, f"a new leader of shard {shard} (not {not_on})")
+
+    def wait_following(self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S) -> pb.GetStatusResponse:
+        """Waits until `node` follows the current leader of `shard` in the leader's term."""
+
+        def following() -> pb.GetStatusResponse | None:
+            leader = self.leader_of(shard)
+            if leader is None or leader == node:
+                return None
+            leader_status = self.node_status(leader, shard)
+            mine = self.node_status(node, shard)
+            if mine.role == pb.FOLLOWER and mine.term == leader_status.term and leader_status.role == pb.LEADER:
+                return mine
+            return None
+
+        return poll_until(following, timeout_s, f"{node} to follow the leader of shard {shard}")
+
+    def wait_caught_up(self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S) -> tuple[pb.GetStatusResponse, pb.GetStatusResponse]:
+        """Waits (with no writes running) until `node`'s replica has the leader's head and commit.
+
+        Returns (leader's status, node's status).
+        """
+
+        def caught_up() -> tuple[pb.GetStatusResponse, pb.GetStatusResponse] | None:
+            leader = self.leader_of(shard)
+            if leader is None or leader == node:
+                return None
+            lead, mine = self.node_status(leader, shard), self.node_status(node, shard)
+            same = (
+                mine.role == pb.FOLLOWER
+                and mine.term == lead.term
+                and (mine.head.offset, mine.head.checksum) == (lead.head.offset, lead.head.checksum)
+                and mine.commit_offset == lead.commit_offset
+            )
+            return (lead, mine) if same else None
+
+        return poll_until(caught_up, timeout_s, f"{node} to converge with the leader of shard {shard}")
+
+    def shard_of(self, key: str) -> int:
+        """The shard the Oxia client routes `key` to (xxh64 of the key, low 32 bits)."""
+        h = xxhash.xxh64(key).intdigest() & 0xFFFFFFFF
+        for r in self._hash_ranges:
+            if r.low <= h <= r.high:
+                return r.shard
+        raise KeyError(f"no shard covers hash {h:#010x} of {key!r}")
+
+    def open_client(self, node: str | None = None) -> oxia.Client:
+        """An official Oxia client bootstrapped from `node` (default: the first live node)."""
+        return open_oxia_client(node or self.live_nodes()[0])
+
+    def log_tails(self, chars: int = 2500) -> str:
+        parts = [f"----- {p.name} ({p.log_path.name}) -----\n{p.log_tail(chars)}" for p in [self.coordinator, *self._processes.values()]]
+        return "\n".join(parts)
+
+
+# ------------------------------------------------------------------ the write load
+
+#: Concurrent writers of a WriteLoad, unless told otherwise.
+WRITERS = 8
+#: A writer retrying a failed put waits this long first (a back-off, not a poll).
+RETRY_BACKOFF_S = 0.05
+#: A writer whose puts have failed this long reopens its client on another live node.
+REOPEN_AFTER_S = 2.0
+
+
+@dataclass(frozen=True)
+class AckedWrite:
+    key: str
+    value: bytes
+    shard: int
+    started_at: float
+    acked_at: float
+
+
+class WriterStuck(AssertionError):
+    """A writer thread did not return from its last put in time after being asked to stop."""
+
+
+class WriteLoad:
+    """`clients` threads, each with its own official Oxia client, writing distinct keys.
+
+    Writer i puts `/load/w<i>-<seq>` with a value unique to this run and records every
+    acknowledged put (key, value, shard, when it was issued, when acknowledged). A
+    failed put has an unknown outcome: the writer retries the same key with the same
+    value. A writer whose bootstrap node died, or whose puts keep failing, reopens its
+    client on a live node, as a client behind a load balancer would.
+    """
+
+    def __init__(self, cluster: LocalCluster, clients: int = WRITERS):
+        self.cluster = cluster
+        self.clients = clients
+        self.run_id = uuid.uuid4().hex[:8]
+        self.acked: list[AckedWrite] = []
+        self.failures = 0
+        self.last_error = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._in_put: dict[int, float] = {}
+
+    def __enter__(self) -> WriteLoad:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        for i in range(self.clients):
+            thread = threading.Thread(target=self._write_loop, args=(i,), name=f"writer-{i}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stops the writers; fails if one is stuck in a put (the oxia client has no timeout)."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        self._threads = [t for t in self._threads if t.is_alive()]
+        if stuck:
+            now = time.monotonic()
+            since = {i: f"{now - at:.1f} s" for i, at in dict(self._in_put).items()}
+            raise WriterStuck(f"writers {stuck} still inside a put {timeout_s:.0f} s after stop: {since}")
+
+    def _open(self, index: int) -> tuple[oxia.Client, str]:
+        while True:
+            live = self.cluster.live_nodes()
+            node = live[index % len(live)]
+            try:
+                return self.cluster.open_client(node), node
+            except Exception as e:  # noqa: BLE001 - the node died meanwhile: pick another
+                self._note_failure(e)
+                if self._stop.wait(RETRY_BACKOFF_S):
+                    raise
+
+    def _note_failure(self, error: BaseException) -> None:
+        with self._lock:
+            self.failures += 1
+            self.last_error = f"{type(error).__name__}: {str(error)[:200]}"
+
+    def _write_loop(self, index: int) -> None:
+        try:
+            client, node = self._open(index)
+        except Exception:  # noqa: BLE001 - stopped before it could connect
+            return
+        seq = 0
+        failing_since: float | None = None
+        try:
+            while not self._stop.is_set():
+                key = f"/load/w{index}-{seq:06d}"
+                value = f"{self.run_id}:{index}:{seq}".encode()
+                started = time.monotonic()
+                self._in_put[index] = started
+                try:
+                    client.put(key, value)
+                except Exception as e:  # noqa: BLE001 - any failure: outcome unknown, retry
+                    self._in_put.pop(index, None)
+                    self._note_failure(e)
+                    failing_since = failing_since or started
+                    if not self.cluster.is_alive(node) or time.monotonic() - failing_since > REOPEN_AFTER_S:
+                        close_in_background(client)
+                        client, node = self._open(index)
+                        failing_since = None
+                    self._stop.wait(RETRY_BACKOFF_S)
+                    continue
+                acked = time.monotonic()
+                self._in_put.pop(index, None)
+                failing_since = None
+                write = AckedWrite(key, value, self.cluster.shard_of(key), started, acked)
+                with self._lock:
+                    self.acked.append(write)
+                seq += 1
+        finally:
+            close_in_background(client)
+
+    # -------------------------------------------------------------- observations
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def writes_issued_after(self, at: float, shard: int | None = None) -> list[AckedWrite]:
+        """Acknowledged writes issued after `at` (to `shard`, if given), by ack time."""
+        with self._lock:
+            found = [w for w in self.acked if w.started_at > at and (shard is None or w.shard == shard)]
+        return sorted(found, key=lambda w: w.acked_at)
+
+    def wait_for_write_after(self, at: float, shard: int | None, timeout_s: float, count: int = 1) -> AckedWrite:
+        """The first acknowledged write issued after `at`, once `count` such writes exist."""
+
+        def written() -> AckedWrite | None:
+            found = self.writes_issued_after(at, shard)
+            return found[0] if len(found) >= count else None
+
+        where = "any shard" if shard is None else f"shard {shard}"
+        return poll_until(
+            written,
+            timeout_s,
+            f"{count} acknowledged write(s) to {where} issued after the fault "
+            f"(failed puts so far: {self.failures}, last: {self.last_error})",
+        )
+
+    def largest_gap(self, start: float, end: float, shard: int | None = None) -> float:
+        """Longest time without an acknowledgement within [start, end]."""
+        with self._lock:
+            times = sorted(
+                w.acked_at for w in self.acked if start <= w.acked_at <= end and (shard is None or w.shard == shard)
+            )
+        points = [start, *times, end]
+        return max(b - a for a, b in zip(points, points[1:]))
+
+    def verify(self) -> str:
+        """Reads back every acknowledged write with a fresh official client; returns a summary.
+
+        Each key is read with `get` (its value must be the acknowledged one) and all of
+        them once more with a range scan across shards.
+        """
+        with self._lock:
+            acked = list(self.acked)
+        assert acked, "the load acknowledged no writes at all"
+        started = time.monotonic()
+        missing: list[str] = []
+        wrong: list[str] = []
+        with self.cluster.open_client() as client:
+            for write in acked:
+                try:
+                    _, value, _ = client.get(write.key)
+                except oxia.ex.KeyNotFound:
+                    missing.append(write.key)
+                    continue
+                if value != write.value:
+                    wrong.append(f"{write.key}: {value!r} != {write.value!r}")
+            scanned = {key: value for key, value, _ in client.range_scan("/load/", "/load/~")}
+        assert not missing, f"{len(missing)} of {len(acked)} acknowledged writes are lost, e.g. {missing[:5]}"
+        assert not wrong, f"{len(wrong)} acknowledged writes have another value, e.g. {wrong[:5]}"
+        disagree = [w.key for w in acked if scanned.get(w.key) != w.value]
+        assert not disagree, f"the range scan disagrees with get on {len(disagree)} keys, e.g. {disagree[:5]}"
+        return (
+            f"verified {len(acked)} acknowledged writes by get and range scan ({len(scanned)} keys) "
+            f"in {time.monotonic() - started:.1f} s; {self.failures} put attempts had failed"
+        )
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Remembers each phase's report on the item, so fixtures can tell whether the test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
+@pytest.fixture
+def make_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """A factory of started `LocalCluster`s; every process is killed at teardown.
+
+    If the test failed, the tail of each process's log is printed (shown by pytest
+    with the failure).
+    """
+    clusters: list[LocalCluster] = []
+
+    def make(**kwargs: object) -> LocalCluster:
+        cluster = LocalCluster(tmp_path / f"cluster{len(clusters)}", **kwargs)  # type: ignore[arg-type]
+        clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    try:
+        yield make
+    finally:
+        failed = getattr(request.node, "report_call", None)
+        for cluster in clusters:
+            if failed is None or failed.failed:
+                print(f"\n===== process logs of {cluster.root} =====\n{cluster.log_tails()}")
+            cluster.close()
+
+
+@pytest.fixture
+def write_load() -> Iterator[Callable[..., WriteLoad]]:
+    """A factory of started `WriteLoad`s on a cluster; any still running are stopped at teardown."""
+    loads: list[WriteLoad] = []
+
+    def start(cluster: LocalCluster, clients: int = WRITERS) -> WriteLoad:
+        load = WriteLoad(cluster, clients)
+        loads.append(load)
+        load.start()
+        return load
+
+    yield start
+    for load in loads:
+        load._stop.set()
+
+
+# ------------------------------------------------------------------ measurements
+
+_MEASUREMENTS: list[str] = []
+
+
+@pytest.fixture
+def measure() -> Callable[[str], None]:
+    """`measure(line)`: prints a measurement now (seen with -s) and in the terminal summary."""
+
+    def record(line: str) -> None:
+        print(line, flush=True)
+        _MEASUREMENTS.append(line)
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _MEASUREMENTS:
+        terminalreporter.write_sep("-", "quorumstore process-fault measurements")
+        for line in _MEASUREMENTS:
+            terminalreporter.write_line(line)

@@ -1,0 +1,318 @@
+"""Process-level fault tests of a replicated cluster (the "runnable replicated cluster" issue).
+
+Every test runs real OS processes (`quorumstore node` x3 and `quorumstore coordinator`,
+see conftest.LocalCluster) and drives them with the official Oxia client. The faults
+are real too: kill -9, deleting a data directory, restarting on the same port.
+
+What "done" means, one test each:
+1. kill -9 of a shard's leader, 5 times in a row under 8 concurrent writers: writes
+   resume after each failover and every acknowledged write is read back;
+2. kill -9 of a follower: writes go on, with no election;
+3. a follower that lost its data directory rejoins by snapshot and converges;
+4. kill -9 of the coordinator: the data path keeps working, and the restarted
+   coordinator (same metadata) manages the shards it had (it elects a new leader);
+and the CLI's `cluster` command end to end.
+
+Failover times (kill -9 to the first acknowledged write issued after the kill) are
+printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import oxia
+import pytest
+
+from quorumstore.storage.kv import RocksKv
+from quorumstore.storage.state_machine import ShardReader
+from quorumstore.storage.wal import Wal
+
+if TYPE_CHECKING:  # conftest's classes, for annotations only (fixtures hand out the objects)
+    from conftest import LocalCluster, WriteLoad
+
+    MakeCluster = Callable[..., LocalCluster]
+    MakeLoad = Callable[..., WriteLoad]
+    Measure = Callable[[str], None]
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]
+
+LEADER_KILLS = 5
+#: Bound on one failover (kill -9 to the first acknowledged write issued after it).
+FAILOVER_TIMEOUT_S = 20.0
+
+
+# ------------------------------------------------------------------ 1. leader kills
+
+
+@pytest.mark.timeout(150)
+def test_leader_killed_five_times_under_concurrent_writes(
+    make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
+) -> None:
+    """8 writers; the leader of shard 0 is killed -9 and restarted, 5 times in a row."""
+    cluster = make_cluster(nodes=3, shards=2, replication_factor=3)
+    shard = 0
+    failovers: list[float] = []
+    load = write_load(cluster)
+    load.wait_for_write_after(time.monotonic(), None, 20, count=50)
+    for round_no in range(1, LEADER_KILLS + 1):
+        leader = cluster.leader_of(shard)
+        assert leader is not None
+        term = cluster.shard_metadata(shard).term
+        killed_at = cluster.kill9(leader)
+        first = load.wait_for_write_after(killed_at, shard, FAILOVER_TIMEOUT_S)
+        new_leader, new_term = cluster.wait_new_leader(shard, not_on=leader, after_term=term)
+        failovers.append(first.acked_at - killed_at)
+        measure(
+            f"leader kill {round_no}: {leader} (term {term}) -> {new_leader} (term {new_term}); "
+            f"first write issued after the kill acknowledged {failovers[-1]:.2f} s after it"
+        )
+        cluster.restart(leader)
+        cluster.wait_following(leader, shard)
+    load.wait_for_write_after(time.monotonic(), shard, FAILOVER_TIMEOUT_S, count=20)
+    load.stop()
+    measure(
+        f"leader failover, kill -9 -> first acknowledged write, {LEADER_KILLS} kills: "
+        f"min {min(failovers):.2f} s, mean {sum(failovers) / len(failovers):.2f} s, max {max(failovers):.2f} s; "
+        f"{load.acked_count()} writes acknowledged to {load.clients} clients"
+    )
+    measure("  " + load.verify())
+
+
+# ------------------------------------------------------------------ 2. follower kill
+
+
+@pytest.mark.timeout(90)
+def test_follower_kill_does_not_interrupt_writes(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
+    """Losing one follower of three changes nothing for writers: no election, no pause."""
+    cluster = make_cluster(nodes=3, shards=1, replication_factor=3)
+    shard = 0
+    before = cluster.shard_metadata(shard)
+    follower = next(n for n in before.ensemble if n != before.leader)
+    load = write_load(cluster)
+    load.wait_for_write_after(time.monotonic(), shard, 20, count=50)
+    killed_at = cluster.kill9(follower)
+    first = load.wait_for_write_after(killed_at, shard, 5)
+    load.wait_for_write_after(killed_at, shard, 20, count=200)
+    window_end = time.monotonic()
+    after = cluster.shard_metadata(shard)
+    assert (after.term, after.leader) == (before.term, before.leader), "losing a follower started an election"
+    gap = load.largest_gap(killed_at, window_end, shard)
+    measure(
+        f"follower kill: first write issued after the kill acknowledged in {first.acked_at - killed_at:.3f} s; "
+        f"longest pause between acknowledgements {gap:.3f} s; term stayed {after.term}, leader stayed {after.leader}"
+    )
+    cluster.restart(follower)
+    cluster.wait_following(follower, shard)
+    load.stop()
+    _, mine = cluster.wait_caught_up(follower, shard)
+    measure(f"  restarted follower caught up: head {mine.head.offset}, commit {mine.commit_offset}")
+    measure("  " + load.verify())
+
+
+# ------------------------------------------------------------------ 3. wiped follower
+
+
+@pytest.mark.timeout(120)
+def test_wiped_follower_rejoins_by_snapshot(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
+    """A follower whose data directory was deleted while down is rebuilt from a snapshot."""
+    cluster = make_cluster(nodes=3, shards=1, replication_factor=3)
+    shard = 0
+    meta = cluster.shard_metadata(shard)
+    follower = next(n for n in meta.ensemble if n != meta.leader)
+    load = write_load(cluster, clients=4)
+    load.wait_for_write_after(time.monotonic(), shard, 20, count=200)
+    killed_at = cluster.kill9(follower)
+    cluster.wipe(follower)
+    load.wait_for_write_after(killed_at, shard, 20, count=100)  # the other two go on
+    cluster.restart(follower)
+    restarted_at = time.monotonic()
+    cluster.wait_following(follower, shard)
+    load.wait_for_write_after(restarted_at, shard, 20, count=100)
+    load.stop()
+    lead, mine = cluster.wait_caught_up(follower, shard)
+    measure(
+        f"wiped follower rejoined and converged {time.monotonic() - restarted_at:.2f} s after its restart: "
+        f"head {mine.head.offset} and commit {mine.commit_offset} equal the leader's"
+    )
+    measure("  " + load.verify())
+
+    # Offline look at the rebuilt replica: its log starts at a snapshot position, and
+    # its KV holds every acknowledged write.
+    cluster.kill9(follower)
+    shard_dir = cluster.node_dir(follower) / "shards" / "default" / str(shard)
+    with Wal.open(shard_dir / "wal", sync=False) as wal:
+        snapshot_at = wal.base.offset
+    assert snapshot_at >= 0, "the follower's log starts at the beginning: it was not rebuilt from a snapshot"
+    kv = RocksKv(shard_dir / "kv")
+    try:
+        reader = ShardReader(kv)
+        assert reader.applied_position.offset == mine.commit_offset
+        for write in load.acked:
+            record = reader.get(write.key)
+            assert record is not None and record.value == write.value, f"{write.key} on the rebuilt follower"
+    finally:
+        kv.close()
+    measure(f"  its log starts after a snapshot at offset {snapshot_at}; its KV holds all {len(load.acked)} writes")
+    cluster.restart(follower)
+    cluster.wait_following(follower, shard)
+
+
+# ------------------------------------------------------------------ 4. coordinator kill
+
+
+@pytest.mark.timeout(120)
+def test_coordinator_kill_and_restart(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
+    """Without the coordinator the data path works; restarted, it manages the same shards."""
+    cluster = make_cluster(nodes=3, shards=2, replication_factor=3)
+    before = {m.shard: (m.term, m.leader) for m in cluster.status().metadata.shards}
+    load = write_load(cluster)
+    load.wait_for_write_after(time.monotonic(), None, 20, count=50)
+
+    killed_at = cluster.kill9_coordinator()
+    for shard in range(cluster.shards):
+        load.wait_for_write_after(killed_at, shard, 10, count=50)
+    with cluster.open_client() as reader:
+        sample = load.writes_issued_after(killed_at)[-1]
+        assert reader.get(sample.key)[1] == sample.value
+        assert len(reader.list("/load/", "/load/~")) >= len(load.writes_issued_after(0))
+    measure(
+        f"coordinator down: {len(load.writes_issued_after(killed_at))} writes acknowledged and reads served "
+        f"within {time.monotonic() - killed_at:.2f} s of its kill"
+    )
+
+    cluster.restart_coordinator()
+    status = cluster.wait_online()
+    after = {m.shard: (m.term, m.leader) for m in status.metadata.shards}
+    assert after == before, f"the restarted coordinator changed roles without a fault: {before} -> {after}"
+
+    shard = 0
+    term, leader = after[shard]
+    killed_at = cluster.kill9(leader)
+    first = load.wait_for_write_after(killed_at, shard, FAILOVER_TIMEOUT_S)
+    new_leader, new_term = cluster.wait_new_leader(shard, not_on=leader, after_term=term)
+    measure(
+        f"restarted coordinator replaced killed leader {leader} by {new_leader} (term {term} -> {new_term}); "
+        f"first write issued after the kill acknowledged {first.acked_at - killed_at:.2f} s after it"
+    )
+    cluster.restart(leader)
+    cluster.wait_following(leader, shard)
+    load.stop()
+    measure("  " + load.verify())
+
+
+# ------------------------------------------------------------------ the CLI's cluster command
+
+
+def _consecutive_free_ports(count: int) -> int:
+    """A base port such that base .. base+count-1 are all free."""
+    for _ in range(200):
+        base = 20000 + int.from_bytes(os.urandom(2), "big") % 30000
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def _children_of(pid: int) -> list[int]:
+    """Pids whose parent is `pid` (from /proc)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == pid:
+            children.append(int(entry))
+    return children
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] if Path(f"/proc/{pid}").exists() else "X"
+    return state not in ("Z", "X")
+
+
+@pytest.mark.timeout(120)
+def test_cli_cluster_command_end_to_end(tmp_path: Path) -> None:
+    nodes = 3
+    base = _consecutive_free_ports(nodes + 1)
+    command = [
+        sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", str(nodes), "--shards", "2",
+        "--replication-factor", "3", "--data-dir", str(tmp_path / "qs"), "--base-port", str(base),
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read_output() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if "Ctrl-C stops the cluster" in line:
+                ready.set()
+
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
+    children: list[int] = []
+    try:
+        assert ready.wait(60), f"`quorumstore cluster` did not come up:\n{''.join(lines)}"
+        output = "".join(lines)
+        client_address = re.search(r"client address: (\S+)", output)
+        coordinator = re.search(r"coordinator:\s+(\S+)", output)
+        assert client_address and coordinator, output
+        children = _children_of(process.pid)
+        assert len(children) == nodes + 1, f"expected {nodes} nodes and a coordinator, found children {children}"
+
+        with oxia.Client(client_address.group(1)) as client:
+            for i in range(20):
+                client.put(f"/cli/{i}", f"value-{i}")
+            assert [client.get(f"/cli/{i}")[1] for i in range(20)] == [f"value-{i}".encode() for i in range(20)]
+
+        status = subprocess.run(
+            [sys.executable, "-m", "quorumstore.cli", "status", "--coordinator", coordinator.group(1)],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert status.returncode == 0, status.stderr
+        assert re.search(r"default/0\s+online", status.stdout) and re.search(r"default/1\s+online", status.stdout), status.stdout
+
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+        reader.join(5)
+        assert "cluster stopped" in "".join(lines)
+        left = [pid for pid in children if _pid_exists(pid)]
+        assert not left, f"child processes {left} outlived `quorumstore cluster`"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

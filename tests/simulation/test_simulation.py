@@ -1,0 +1,86 @@
+"""Deterministic simulation: thousands of seeded schedules of whole clusters.
+
+`QS_SIM_SEEDS` (default 2000) sets how many seeds run, 60% on 3-replica shards and
+40% on 5-replica shards; every failure prints the one command that replays it.
+The tests at the bottom break one protocol rule at a time and show that some seed
+catches each.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from harness import InvariantViolation, SimConfig, run_seed
+
+import quorumstore.protocol.election as election
+import quorumstore.protocol.quorum as quorum
+import quorumstore.protocol.replica as replica_module
+from quorumstore.protocol.replica import CursorState
+
+pytestmark = pytest.mark.simulation
+
+TOTAL_SEEDS = int(os.environ.get("QS_SIM_SEEDS", "2000"))
+CHUNK = 100
+_THREE = (TOTAL_SEEDS * 3) // 5
+_CHUNKS = [(3, start, min(start + CHUNK, _THREE)) for start in range(0, _THREE, CHUNK)] + [
+    (5, start, min(start + CHUNK, TOTAL_SEEDS)) for start in range(_THREE, TOTAL_SEEDS, CHUNK)
+]
+
+
+@pytest.mark.parametrize(("replicas", "first", "stop"), _CHUNKS, ids=[f"rf{r}-seeds{a}-{b - 1}" for r, a, b in _CHUNKS])
+def test_invariants_hold_on_every_seed(replicas: int, first: int, stop: int) -> None:
+    for seed in range(first, stop):
+        run_seed(SimConfig(seed=seed, replicas=replicas))
+
+
+def test_a_seed_replays_exactly() -> None:
+    lines_a: list[str] = []
+    lines_b: list[str] = []
+    run_seed(SimConfig(seed=17, replicas=5), trace=lines_a.append)
+    run_seed(SimConfig(seed=17, replicas=5), trace=lines_b.append)
+    assert lines_a == lines_b and len(lines_a) > 100
+
+
+def _first_failing_seed(replicas: int, seeds: range) -> InvariantViolation:
+    for seed in seeds:
+        try:
+            run_seed(SimConfig(seed=seed, replicas=replicas))
+        except InvariantViolation as failure:
+            return failure
+    raise AssertionError(f"the broken rule survived seeds {seeds.start}-{seeds.stop - 1}")
+
+
+def test_choosing_the_leader_by_offset_alone_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(election, "rank", lambda c, eligible: (c.head.offset, c.node))
+    failure = _first_failing_seed(3, range(0, 1500))
+    assert "replay: python tests/simulation/replay.py --seed" in str(failure)
+
+
+def test_committing_an_earlier_term_entry_by_count_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = quorum.QuorumAckTracker.__init__
+
+    def count_only(self, replication_factor: int, term_start_offset: int, commit_offset: int) -> None:  # type: ignore[no-untyped-def]
+        original(self, replication_factor, -1, commit_offset)
+
+    monkeypatch.setattr(quorum.QuorumAckTracker, "__init__", count_only)
+    _first_failing_seed(5, range(0, 1500))
+
+
+def test_skipping_truncation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader treats a follower's head as matching its own log without checking."""
+    original = replica_module.ShardReplica._reconcile
+
+    def trusting(self, cursor, follower_head):  # type: ignore[no-untyped-def]
+        log = self._log
+        if log.base.offset <= follower_head.offset <= log.head.offset:
+            cursor.state = CursorState.REPLICATE
+            cursor.next_offset = follower_head.offset + 1
+            cursor.acked_offset = max(cursor.acked_offset, follower_head.offset)
+            self._tracker.ack(cursor.name, follower_head.offset)
+            self.commit_offset = self._tracker.commit_offset
+            return
+        original(self, cursor, follower_head)
+
+    monkeypatch.setattr(replica_module.ShardReplica, "_reconcile", trusting)
+    _first_failing_seed(3, range(0, 1500))

@@ -1,0 +1,170 @@
+"""The seeds' own scenarios, replayed on the real engine (named after the seed section).
+
+A tiny synchronous driver plays the node role: it applies each `Ready` to an in-memory
+log, syncs it, and hands the messages to their destination, in order, until nothing
+is left to deliver.
+"""
+
+from __future__ import annotations
+
+from quorumstore.protocol.memory_log import MemoryLog
+from quorumstore.protocol.messages import (
+    COORDINATOR,
+    Ack,
+    AckStatus,
+    AddFollower,
+    Append,
+    BecomeLeader,
+    NewTerm,
+    Outbound,
+    Truncate,
+)
+from quorumstore.protocol.replica import NotLeaderError, ShardReplica
+from quorumstore.protocol.types import LogPosition, Role, make_entry
+
+SHARD = ("default", 0)
+NOOP = b"noop"
+
+
+def _log_with(terms: list[int]) -> MemoryLog:
+    """A synced log whose entry at offset i has term terms[i] and payload naming both."""
+    log = MemoryLog()
+    for offset, term in enumerate(terms):
+        log.append([make_entry(log.head, term, f"t{term}o{offset}".encode())])
+    log.sync()
+    return log
+
+
+class Cluster:
+    def __init__(self, logs: dict[str, MemoryLog], term: int):
+        self.logs = logs
+        self.replicas = {
+            name: ShardReplica(name, SHARD, log, term=term, commit_offset=-1, noop_payload=NOOP)
+            for name, log in logs.items()
+        }
+        self.delivered: list[Outbound] = []
+        self.to_coordinator: list[Outbound] = []
+        self._queue: list[tuple[str, Outbound]] = []
+
+    def _drive(self, name: str) -> None:
+        replica, log = self.replicas[name], self.logs[name]
+        ready = replica.ready()
+        if ready.truncate_after is not None:
+            log.truncate_after(ready.truncate_after)
+        if ready.entries:
+            log.append(ready.entries)
+        log.sync()
+        for out in ready.send_now + ready.send_after_sync:
+            self._queue.append((name, out))
+        if ready.has_storage_work():
+            replica.persisted(log.head.offset)
+            self._drive(name)
+
+    def step(self, name: str, msg: object) -> None:
+        self.replicas[name].step(msg)  # type: ignore[arg-type]
+        self._drive(name)
+
+    def run(self) -> None:
+        while self._queue:
+            _, out = self._queue.pop(0)
+            self.delivered.append(out)
+            if out.to == COORDINATOR:
+                self.to_coordinator.append(out)
+            elif out.to in self.replicas:
+                self.step(out.to, out.message)
+
+    def entries(self, name: str) -> list[tuple[int, int]]:
+        log = self.logs[name]
+        return [(log.position_at(o).term, o) for o in range(log.base.offset + 1, log.head.offset + 1)]
+
+
+def test_seed000_add_follower_catches_up_a_follower_that_is_behind():
+    """Seed 000, AddFollower: leader head 7, follower not in the fencing quorum at head 5."""
+    common = [1, 1, 2, 2, 3, 3]  # offsets 0..5
+    cluster = Cluster({"leader": _log_with(common + [3, 3]), "f4": _log_with(common)}, term=3)
+    cluster.step("leader", NewTerm(SHARD, 4))
+    cluster.step("leader", BecomeLeader(SHARD, 4, 3, {}))
+    cluster.step("f4", NewTerm(SHARD, 4))
+    cluster.step("leader", AddFollower(SHARD, 4, "f4", cluster.logs["f4"].head))
+    cluster.run()
+    appended = [
+        e.offset for out in cluster.delivered if isinstance(out.message, Append) for e in out.message.entries
+    ]
+    assert appended[:2] == [6, 7]  # the entries the follower lacked, in order (then the leader's noop)
+    assert not any(isinstance(out.message, Truncate) for out in cluster.delivered)
+    assert cluster.entries("f4") == cluster.entries("leader")
+    assert cluster.replicas["f4"].role is Role.FOLLOWER
+    assert cluster.replicas["leader"].commit_offset == 8  # noop of term 4 committed by the quorum
+
+
+def test_seed000_truncate_follower_ahead_of_the_new_leader():
+    """Seed 000, truncation: follower head 8 of the previous term, leader head 7."""
+    previous = [1, 1, 2, 2, 3, 3, 3, 3]  # offsets 0..7
+    cluster = Cluster({"leader": _log_with(previous), "f5": _log_with(previous + [3])}, term=3)
+    cluster.step("leader", NewTerm(SHARD, 4))
+    cluster.step("leader", BecomeLeader(SHARD, 4, 3, {}))
+    cluster.step("f5", NewTerm(SHARD, 4))
+    cluster.step("leader", AddFollower(SHARD, 4, "f5", cluster.logs["f5"].head))
+    cluster.run()
+    truncates = [out.message for out in cluster.delivered if isinstance(out.message, Truncate)]
+    assert [t.head.offset for t in truncates] == [7]
+    assert truncates[0].term == 4
+    assert cluster.entries("f5") == cluster.entries("leader")
+    assert cluster.entries("f5")[-1] == (4, 8)  # offset 8 now holds the leader's term-4 entry
+
+
+def test_seed002_divergent_older_term_entries_are_replaced_before_following():
+    """A follower whose tail holds another term's entries at the same offsets."""
+    cluster = Cluster({"leader": _log_with([1, 1, 3, 3]), "f": _log_with([1, 1, 2, 2, 2])}, term=3)
+    cluster.step("leader", NewTerm(SHARD, 4))
+    cluster.step("f", NewTerm(SHARD, 4))
+    cluster.step("leader", BecomeLeader(SHARD, 4, 2, {"f": cluster.logs["f"].head}))
+    cluster.run()
+    assert cluster.entries("f") == cluster.entries("leader")
+    assert cluster.replicas["leader"].commit_offset == 4
+
+
+def test_seed002_a_stale_term_leader_steps_down_and_its_appends_are_refused():
+    """Seed 002: requests from an older generation are rejected; the old leader passivates."""
+    cluster = Cluster({"old": _log_with([1]), "f": _log_with([1])}, term=1)
+    cluster.step("old", NewTerm(SHARD, 2))
+    cluster.step("f", NewTerm(SHARD, 2))
+    cluster.step("old", BecomeLeader(SHARD, 2, 2, {"f": cluster.logs["f"].head}))
+    cluster.run()
+    old = cluster.replicas["old"]
+    assert old.role is Role.LEADER and old.commit_offset == 1
+    # A new term reaches the follower only (the old leader is partitioned from the coordinator).
+    cluster.step("f", NewTerm(SHARD, 3))
+    cluster.run()
+    offset = old.propose(b"zombie write")
+    cluster._drive("old")
+    cluster.run()
+    refusals = [out.message for out in cluster.delivered if isinstance(out.message, Ack) and out.message.status is AckStatus.STALE_TERM]
+    assert refusals and all(r.term == 3 for r in refusals)
+    assert old.role is Role.FENCED and old.term == 3
+    assert old.commit_offset < offset  # the zombie's write never committed
+    assert cluster.logs["f"].head.offset == 1  # and never reached the follower's log
+    try:
+        old.propose(b"again")
+    except NotLeaderError:
+        pass
+    else:
+        raise AssertionError("a fenced replica accepted a write")
+
+
+def test_seed001_commit_offset_needs_a_majority_of_acks():
+    """Seed 001: the leader commits an entry once a majority (itself included) holds it."""
+    logs = {name: MemoryLog() for name in ("l", "f1", "f2")}
+    cluster = Cluster(logs, term=-1)
+    for name in logs:
+        cluster.step(name, NewTerm(SHARD, 0))
+    empty = LogPosition(-1, -1, 0)
+    cluster.step("l", BecomeLeader(SHARD, 0, 3, {"f1": empty}))  # f2 stays silent
+    cluster.run()
+    leader = cluster.replicas["l"]
+    offset = leader.propose(b"x=4")
+    cluster._drive("l")
+    cluster.run()
+    assert leader.commit_offset == offset  # leader + f1 of 3
+    assert cluster.replicas["f1"].commit_offset == offset  # learned from the next Append
+    assert logs["f2"].head.offset == -1
