@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
@@ -50,6 +51,13 @@ LOCALHOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
 STATUS_TIMEOUT_S = 1.0
 WAL_FSYNC_METRIC = "etcd_disk_wal_fsync_duration_seconds_count"
+# gRPC shares connections to the same address between channels, including the
+# reconnect backoff of one that failed: a fresh channel to a restarted member would
+# inherit the dead one's backoff and fail with "connection refused" for up to
+# minutes. Every channel here gets connections of its own. The cluster is on
+# loopback, so an http_proxy in the environment must not be used to reach it.
+CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1), ("grpc.enable_http_proxy", 0)]
+_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def etcd_binary() -> str:
@@ -99,10 +107,9 @@ class _RssSampler(threading.Thread):
 
     VmHWM is a process's lifetime peak, so at the window's start it is reset to the
     current RSS (``echo 5 > /proc/PID/clear_refs``); from then on it catches
-    spikes between two samples. Where the reset is refused, and for a pid that
-    existed before the window, only the sampled VmRSS counts. A member restarted
-    during the window is a new pid whose whole lifetime lies inside it, so its
-    VmHWM counts as well.
+    spikes between two samples. Where the kernel refuses the reset, only the
+    sampled VmRSS counts. A member restarted during the window is a new pid whose
+    whole lifetime lies inside it, so its VmHWM counts without a reset.
     """
 
     def __init__(self, pids: Callable[[], dict[int, int]], interval_s: float) -> None:
@@ -316,10 +323,11 @@ class EtcdCluster:
     def status(self, i: int) -> Any:
         """Member i's Maintenance.Status (an etcdserverpb.StatusResponse).
 
-        A fresh channel per call: a long-lived one would carry gRPC's reconnect
-        backoff across a kill and restart and report a restarted member late.
+        A fresh channel (with its own connection, see CHANNEL_OPTIONS) per call: a
+        long-lived one would carry gRPC's reconnect backoff across a kill and
+        restart and report a restarted member late.
         """
-        with grpc.insecure_channel(self.client_endpoints()[i]) as channel:
+        with grpc.insecure_channel(self.client_endpoints()[i], CHANNEL_OPTIONS) as channel:
             stub = etcd_grpc.MaintenanceStub(channel)
             response = stub.Status(etcd_pb2.StatusRequest(), timeout=STATUS_TIMEOUT_S)
         self._member_index[response.header.member_id] = i
@@ -376,7 +384,7 @@ class EtcdCluster:
         counts = {}
         for i in self._running():
             url = f"http://{self.client_endpoints()[i]}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as response:
+            with _NO_PROXY_OPENER.open(url, timeout=5) as response:
                 text = response.read().decode()
             for line in text.splitlines():
                 if line.startswith(WAL_FSYNC_METRIC + " "):
@@ -455,7 +463,7 @@ class EtcdClient:
         self._timeout_s = timeout_s
         self._current = 0
         self._retired: list[grpc.aio.Channel] = []
-        self._channel = grpc.aio.insecure_channel(self._endpoints[0])
+        self._channel = grpc.aio.insecure_channel(self._endpoints[0], CHANNEL_OPTIONS)
         self._kv = etcd_grpc.KVStub(self._channel)
 
     @property
@@ -483,7 +491,7 @@ class EtcdClient:
         # Calls still in flight on the old channel may yet succeed; it is closed in close().
         self._retired.append(self._channel)
         self._current = (self._current + 1) % len(self._endpoints)
-        self._channel = grpc.aio.insecure_channel(self._endpoints[self._current])
+        self._channel = grpc.aio.insecure_channel(self._endpoints[self._current], CHANNEL_OPTIONS)
         self._kv = etcd_grpc.KVStub(self._channel)
 
     async def _call(self, method: str, request: Any) -> Any:
@@ -510,9 +518,23 @@ class EtcdClient:
 # ---------------------------------------------------------------------- CLI
 
 
+@dataclass
+class PeerResults:
+    """What one run of the CLI measured, for the printed table."""
+
+    p50_ms: float
+    p99_ms: float
+    puts_per_s: float
+    peak_rss_mb: dict[int, float]
+    wal_fsyncs: dict[int, int]
+    failover_s: float
+    killed: int
+    new_leader: int
+
+
 async def _run_measurements(
     cluster: EtcdCluster, seconds: float, latency_n: int, inflight: int
-) -> dict[str, Any]:
+) -> PeerResults:
     leader = cluster.leader_index()
     endpoints = cluster.client_endpoints()
     # Leader first, as a leader-aware client would connect: quorumstore's client
@@ -521,48 +543,41 @@ async def _run_measurements(
         p50, p99 = await measure_latency(client.put, n=latency_n)
         cluster.start_rss_sampling()
         try:
-            throughput = await measure_throughput(client.put, inflight=inflight, seconds=seconds)
+            puts_per_s = await measure_throughput(client.put, inflight=inflight, seconds=seconds)
         finally:
             rss = cluster.stop_rss_sampling()
         fsyncs = cluster.wal_fsync_counts()
         killed: list[int] = []
-        failover = await measure_failover(client.put, lambda: killed.append(cluster.kill_leader()))
-    return {
-        "p50": p50,
-        "p99": p99,
-        "throughput": throughput,
-        "rss": rss,
-        "fsyncs": fsyncs,
-        "failover": failover,
-        "killed": killed[0],
-        "new_leader": cluster.leader_index(),
-    }
+        failover_s = await measure_failover(
+            client.put, lambda: killed.append(cluster.kill_leader())
+        )
+    return PeerResults(
+        p50, p99, puts_per_s, rss, fsyncs, failover_s, killed[0], cluster.leader_index()
+    )
 
 
-def _print_table(
-    r: dict[str, Any], members: int, seconds: float, latency_n: int, inflight: int
-) -> None:
+def _print_table(r: PeerResults, seconds: float, latency_n: int, inflight: int) -> None:
     version = subprocess.run(
         [etcd_binary(), "--version"], capture_output=True, text=True, check=True
     ).stdout.splitlines()[0]  # "etcd Version: 3.4.23"
     rows = [
-        (f"put latency p50 (1 client, n={latency_n})", f"{r['p50']:.2f} ms"),
-        (f"put latency p99 (1 client, n={latency_n})", f"{r['p99']:.2f} ms"),
-        (f"put throughput ({inflight} in flight, {seconds:g} s)", f"{r['throughput']:.0f} puts/s"),
+        (f"put latency p50 (1 client, n={latency_n})", f"{r.p50_ms:.2f} ms"),
+        (f"put latency p99 (1 client, n={latency_n})", f"{r.p99_ms:.2f} ms"),
+        (f"put throughput ({inflight} in flight, {seconds:g} s)", f"{r.puts_per_s:.0f} puts/s"),
         (
             "failover (kill -9 leader -> first write)",
-            f"{r['failover']:.3f} s (killed m{r['killed']}, new leader m{r['new_leader']})",
+            f"{r.failover_s:.3f} s (killed m{r.killed}, new leader m{r.new_leader})",
         ),
         (
             "peak RSS during throughput",
-            ", ".join(f"m{i} {mb:.1f} MiB" for i, mb in r["rss"].items()),
+            ", ".join(f"m{i} {mb:.1f} MiB" for i, mb in r.peak_rss_mb.items()),
         ),
-        ("WAL fsyncs after throughput", ", ".join(f"m{i} {n}" for i, n in r["fsyncs"].items())),
+        ("WAL fsyncs after throughput", ", ".join(f"m{i} {n}" for i, n in r.wal_fsyncs.items())),
     ]
     width = max(len(name) for name, _ in rows)
-    print(
-        f"etcd {version.split(':')[-1].strip()}: {members} members on {LOCALHOST}, WAL fsync on, 100-byte values"
-    )
+    members = len(r.peak_rss_mb)
+    version_number = version.split(":")[-1].strip()
+    print(f"etcd {version_number}: {members} members on {LOCALHOST}, WAL fsync on, 100-byte values")
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
 
@@ -574,13 +589,13 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 async def _measure_cancellable(
     cluster: EtcdCluster, seconds: float, latency_n: int, inflight: int
-) -> dict[str, Any]:
+) -> PeerResults:
     """The measurements, cancelled (like asyncio.run does on Ctrl-C) by SIGTERM.
 
     Inside the loop SIGTERM must not raise from a plain signal handler: Python runs
-    it wherever the main thread happens to be, which includes gRPC's Cython
-    callbacks, and a SystemExit or KeyboardInterrupt raised there ends the process
-    on the spot without unwinding -- leaving the etcd members running. A loop
+    it wherever the main thread happens to be, gRPC's Cython callbacks included,
+    where an exception does not unwind normally -- a SystemExit raised there was
+    seen to end the process on the spot, leaving the etcd members running. A loop
     signal handler runs as an ordinary callback instead.
     """
     task = asyncio.current_task()
@@ -599,11 +614,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    members = 3
     try:
         with (
             tempfile.TemporaryDirectory(prefix="etcd-peer-", dir=args.dir) as base,
-            EtcdCluster(base, members=members) as cluster,
+            EtcdCluster(base, members=3) as cluster,
         ):
             cluster.wait_ready()
             try:
@@ -615,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted; every etcd member was stopped", file=sys.stderr)
         return 130
-    _print_table(results, members, args.seconds, args.latency_n, args.inflight)
+    _print_table(results, args.seconds, args.latency_n, args.inflight)
     return 0
 
 

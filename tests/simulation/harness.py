@@ -319,6 +319,7 @@ class Simulation:
         self.history = {key: ShardHistory() for key in metadata.shards}
         self.step_no = 0
         self.writes = 0
+        self._leader_commits: dict[tuple[str, ShardKey], tuple[int, int]] = {}
         self._digest_checked: dict[tuple[str, ShardKey], tuple[int, LogPosition]] = {}
         self.faults = True
 
@@ -487,6 +488,16 @@ class Simulation:
                     for offset, checksum in history.acked.items():
                         if offset < len(committed) and committed[offset].checksum != checksum:
                             self.fail(f"acknowledged write at {offset} was replaced in the committed history")
+        # Seed 002's commit rule: a leader moves its commit offset only onto its own term.
+        if replica.role is Role.LEADER:
+            seen = self._leader_commits.get((node.name, shard))
+            if seen is not None and seen[0] == replica.term and replica.commit_offset > seen[1]:
+                if log.position_at(replica.commit_offset).term != replica.term:
+                    self.fail(
+                        f"leader {node.name} of term {replica.term} committed offset "
+                        f"{replica.commit_offset}, an entry of an earlier term, by counting replicas"
+                    )
+            self._leader_commits[(node.name, shard)] = (replica.term, replica.commit_offset)
         # Invariant 3: one leader per term; invariant 4: it holds every committed entry.
         if replica.role is Role.LEADER:
             known = history.leaders.get(replica.term)

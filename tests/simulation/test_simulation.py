@@ -52,7 +52,7 @@ def _first_failing_seed(replicas: int, seeds: range) -> InvariantViolation:
 
 
 def test_choosing_the_leader_by_offset_alone_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(election, "rank", lambda c, eligible: (c.head.offset, c.node))
+    monkeypatch.setattr(election, "rank", lambda c, eligible, load=None: (c.head.offset, c.node))
     failure = _first_failing_seed(3, range(0, 1500))
     assert "replay: python tests/simulation/replay.py --seed" in str(failure)
 

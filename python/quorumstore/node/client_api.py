@@ -15,30 +15,47 @@ what the official clients react to:
   `leader-hint` trailing metadata entry;
 - an unknown namespace in `GetShardAssignments`: Oxia's code 110
   (`CodeNamespaceNotFound`), with the namespaces that do exist in the message;
+- `KeepAlive` or `CloseSession` of a session the shard does not have: Oxia's code 108
+  (`CodeSessionNotFound`); a session timeout outside [2 s, 5 min]: Oxia's code 109
+  (`CodeInvalidSessionTimeout`); a put naming such a session: the put's status
+  SESSION_DOES_NOT_EXIST, as in Oxia;
 - malformed requests (empty or oversized keys, oversized values, inverted ranges,
-  unknown shards, features not implemented yet): INVALID_ARGUMENT, before anything
-  of the request is written;
-- sessions, notifications and sequence updates: UNIMPLEMENTED (not there yet).
+  unknown shards, malformed sequence-key puts, bad exactly-once metadata):
+  INVALID_ARGUMENT, before anything of the request is written;
+- notifications asked from an offset whose changes are past their retention:
+  OUT_OF_RANGE (Oxia would silently skip them).
 
-Codes 106 and 110 are outside gRPC's 0-16. grpc.aio takes a status code as
+Codes 106 to 110 are outside gRPC's 0-16. grpc.aio takes a status code as
 `code.value[0]`, exactly as for `grpc.StatusCode` members, and puts the number on the
-wire unchanged: Go and Java clients see 106/110, while C-core based clients (Python's
+wire unchanged: Go and Java clients see 106-110, while C-core based clients (Python's
 grpcio, hence the `oxia` package) can only report them as UNKNOWN, with our message.
+
+Beyond Oxia: exactly-once writes (seed 003). A unary `Write` may carry the invocation
+metadata `qs-client-id` and `qs-serial`; the write batch then carries that
+`ClientSerial`, and a retry of the same serial (after a leader failover, say) is not
+applied again but answered with the original results. Calls from clients that cannot
+follow a changing shard map are served in gateway mode (`forwarding.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from typing import NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
+from quorumstore.node import forwarding
+from quorumstore.node.forwarding import Relays, Routing
+from quorumstore.node.notifications import notification_batch, position_batch
+from quorumstore.node.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, SessionKeeper
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc, replication_pb2
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.storage.keys import compare_keys
+from quorumstore.storage.sequences import format_key
 from quorumstore.storage.state_machine import (
     EntryResult,
     KeyComparison,
@@ -47,7 +64,13 @@ from quorumstore.storage.state_machine import (
     ShardReader,
     Status,
 )
-from quorumstore.storage.write_batch import VERSION_ID_NOT_EXISTS, WriteBatchBuilder
+from quorumstore.storage.write_batch import (
+    VERSION_ID_NOT_EXISTS,
+    ClientSerial,
+    WriteBatchBuilder,
+)
+
+log = logging.getLogger(__name__)
 
 #: Namespace of a `ShardAssignmentsRequest` that names none (as in Oxia).
 DEFAULT_NAMESPACE = "default"
@@ -66,6 +89,17 @@ DEFAULT_MAX_RESPONSE_ITEMS = 1000
 DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
 #: Writes of one WriteStream that may be replicating at once before reading pauses.
 DEFAULT_MAX_INFLIGHT_STREAM_WRITES = 256
+#: How often the leader looks for expired sessions ...
+DEFAULT_SESSION_CHECK_INTERVAL_S = 0.1
+#: ... and notification / sequence-update streams look for newly applied entries.
+DEFAULT_STREAM_POLL_INTERVAL_S = 0.02
+#: Invocation metadata of an exactly-once write: the client's id and the write's serial.
+CLIENT_ID_METADATA_KEY = "qs-client-id"
+SERIAL_METADATA_KEY = "qs-serial"
+#: Longest client id of an exactly-once write, in UTF-8 bytes.
+MAX_CLIENT_ID_BYTES = 256
+#: Characters a sequence key adds per delta: "-" and 20 digits.
+_SEQUENCE_SUFFIX_CHARS = len(format_key("", [0]))
 
 _T = TypeVar("_T")
 
@@ -80,6 +114,9 @@ _COMPARISONS = {int(c) for c in KeyComparison}
 
 class ShardDirectory(Protocol):
     """What a node tells its client API: hosted shards and the routing table."""
+
+    #: This node's client address (`host:port`), as clients reach it.
+    name: str
 
     def shard_host(self, namespace: str, shard: int) -> ShardHostApi | None:
         """The replica of the shard on this node; None when it is not hosted here."""
@@ -125,6 +162,8 @@ class OxiaCode(enum.Enum):
     """Oxia's own gRPC status codes that quorumstore sends (see the module docstring)."""
 
     NODE_IS_NOT_LEADER = (106, "node is not leader")
+    SESSION_NOT_FOUND = (108, "session not found")
+    INVALID_SESSION_TIMEOUT = (109, "invalid session timeout")
     NAMESPACE_NOT_FOUND = (110, "namespace not found")
 
 
@@ -153,10 +192,6 @@ class RequestError(Exception):
 
 def _invalid(message: str) -> RequestError:
     return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def _not_supported(what: str) -> RequestError:
-    return _invalid(f"{what} not supported by quorumstore yet")
 
 
 def _not_leader(shard: int, leader_hint: str | None) -> RequestError:
@@ -198,9 +233,12 @@ def _version(record: Record) -> pb.Version:
 
 
 def _put_response(result: OpResult) -> pb.PutResponse:
-    if result.version is None:
-        return pb.PutResponse(status=_STATUS[result.status])
-    return pb.PutResponse(status=_STATUS[result.status], version=_version(result.version))
+    response = pb.PutResponse(status=_STATUS[result.status])
+    if result.version is not None:
+        response.version.CopyFrom(_version(result.version))
+    if result.key is not None:
+        response.key = result.key
+    return response
 
 
 def _write_response(request: pb.WriteRequest, result: EntryResult) -> pb.WriteResponse:
@@ -209,6 +247,16 @@ def _write_response(request: pb.WriteRequest, result: EntryResult) -> pb.WriteRe
     n_puts, n_deletes = len(request.puts), len(request.deletes)
     expected = n_puts + n_deletes + len(request.delete_ranges)
     if len(results) != expected:
+        if result.duplicate:
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this exactly-once serial was already used by an earlier write of the client"
+                + (
+                    f" with {len(results)} operations, not {expected}"
+                    if results
+                    else ", and a later serial has completed since: its result is no longer kept"
+                ),
+            )
         raise RuntimeError(
             f"entry {result.offset} returned {len(results)} results for {expected} operations"
         )
@@ -236,8 +284,21 @@ def _record_response(
 
 
 def _get_response(reader: ShardReader, get: pb.GetRequest) -> pb.GetResponse:
-    """One get; like Oxia, a non-EQUAL match names the key it found."""
-    found = reader.get_with_comparison(get.key, KeyComparison(get.comparison_type))
+    """One get; like Oxia, a non-EQUAL match names the key it found.
+
+    Through a secondary index, `key` is a secondary key and the answer names both the
+    primary key and the secondary key matched.
+    """
+    comparison = KeyComparison(get.comparison_type)
+    if get.HasField("secondary_index_name"):
+        by_index = reader.get_by_index(get.secondary_index_name, get.key, comparison)
+        if by_index is None:
+            return pb.GetResponse(status=pb.KEY_NOT_FOUND)
+        primary, secondary, record = by_index
+        response = _record_response(primary, record, get.include_value, with_key=True)
+        response.secondary_index_key = secondary
+        return response
+    found = reader.get_with_comparison(get.key, comparison)
     if found is None:
         return pb.GetResponse(status=pb.KEY_NOT_FOUND)
     key, record = found
@@ -245,20 +306,21 @@ def _get_response(reader: ShardReader, get: pb.GetRequest) -> pb.GetResponse:
 
 
 def _client_assignments(
-    table: replication_pb2.ShardAssignmentsUpdate, namespace: str
+    table: replication_pb2.ShardAssignmentsUpdate, namespace: str, gateway: str | None = None
 ) -> pb.ShardAssignments:
     """Oxia's view of one namespace of our routing table.
 
     A shard without a leader yet is kept, with an empty leader, as Oxia's coordinator
     does: leaving it out would make clients that scan every shard (list, range scan,
-    delete range) silently skip its keys, while an empty address fails loudly.
+    delete range) silently skip its keys, while an empty address fails loudly. With a
+    `gateway` address, that address stands for every shard's leader.
     """
     for entry in table.namespaces:
         if entry.namespace == namespace:
             shards = [
                 pb.ShardAssignment(
                     shard=s.shard,
-                    leader=s.leader,
+                    leader=gateway or s.leader,
                     int32_hash_range=pb.Int32HashRange(
                         min_hash_inclusive=s.hash_range.min_hash_inclusive,
                         max_hash_inclusive=s.hash_range.max_hash_inclusive,
@@ -287,11 +349,55 @@ def _shard_index(table: replication_pb2.ShardAssignmentsUpdate) -> dict[int, tup
     }
 
 
+def _origin(context: grpc.aio.ServicerContext) -> ClientSerial | None:
+    """The exactly-once (client id, serial) a Write carries in its metadata, if any."""
+    metadata = {m.key: m.value for m in context.invocation_metadata() or ()}
+    client_id = metadata.get(CLIENT_ID_METADATA_KEY)
+    serial = metadata.get(SERIAL_METADATA_KEY)
+    if client_id is None and serial is None:
+        return None
+    if client_id is None or serial is None:
+        given, missing = (
+            (SERIAL_METADATA_KEY, CLIENT_ID_METADATA_KEY)
+            if client_id is None
+            else (CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY)
+        )
+        raise _invalid(f"metadata {given} is given without {missing}; an exactly-once write needs both")
+    if not client_id or len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
+        raise _invalid(
+            f"metadata {CLIENT_ID_METADATA_KEY} must be 1 to {MAX_CLIENT_ID_BYTES} bytes, "
+            f"got {len(client_id.encode())}"
+        )
+    if not serial.isdigit() or int(serial) >= 1 << 63:
+        raise _invalid(
+            f"metadata {SERIAL_METADATA_KEY} must be a decimal integer in [0, 2^63), got {serial!r}"
+        )
+    return ClientSerial(client_id, int(serial))
+
+
+def _relay_error(address: str, shard: int, error: grpc.aio.AioRpcError) -> RequestError:
+    """The status a relayed call failed with, as this node's answer to the client."""
+    details = error.details() or ""
+    hint = tuple(
+        (m.key, m.value)
+        for m in error.trailing_metadata() or ()
+        if m.key == LEADER_HINT_METADATA_KEY and isinstance(m.value, str)
+    )
+    if details.startswith("node is not leader"):
+        return RequestError(OxiaCode.NODE_IS_NOT_LEADER, details, hint)
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        details = f"leader {address} of shard {shard} is unreachable: {details}"
+    return RequestError(error.code(), details, hint)
+
+
 class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
     """Serves the Oxia client protocol for the shards of one node.
 
     Requests name their shard (clients route by key hash themselves); the servicer
-    never re-routes. Only the shard's leader serves reads and writes.
+    never re-routes by key. Only the shard's leader serves reads and writes; a call
+    for a shard led elsewhere is refused with a leader hint or, in gateway mode,
+    relayed to the leader. Create it on the event loop that serves it: it starts the
+    task that expires sessions there (`close()` stops it).
     """
 
     def __init__(
@@ -303,6 +409,8 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         max_response_items: int = DEFAULT_MAX_RESPONSE_ITEMS,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_inflight_stream_writes: int = DEFAULT_MAX_INFLIGHT_STREAM_WRITES,
+        session_check_interval_s: float = DEFAULT_SESSION_CHECK_INTERVAL_S,
+        stream_poll_interval_s: float = DEFAULT_STREAM_POLL_INTERVAL_S,
     ) -> None:
         limits = {
             "max_key_bytes": max_key_bytes,
@@ -310,9 +418,11 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             "max_response_items": max_response_items,
             "max_response_bytes": max_response_bytes,
             "max_inflight_stream_writes": max_inflight_stream_writes,
+            "session_check_interval_s": session_check_interval_s,
+            "stream_poll_interval_s": stream_poll_interval_s,
         }
         for name, value in limits.items():
-            if value < 1:
+            if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         self._directory = directory
         self._max_key_bytes = max_key_bytes
@@ -320,9 +430,20 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self._max_response_items = max_response_items
         self._max_response_bytes = max_response_bytes
         self._max_inflight_stream_writes = max_inflight_stream_writes
+        self._session_check_interval_s = session_check_interval_s
+        self._poll_interval_s = stream_poll_interval_s
         # The shard index of the last table seen, rebuilt when the table object changes.
         self._indexed_table: replication_pb2.ShardAssignmentsUpdate | None = None
         self._index: dict[int, tuple[str, str]] = {}
+        self._sessions = SessionKeeper(directory.now_ms)
+        self._relays = Relays()
+        self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
+
+    async def close(self) -> None:
+        """Stops expiring sessions and closes the channels of relayed calls."""
+        self._expiry.cancel()
+        self._sessions.cancel()
+        await self._relays.close()
 
     # ------------------------------------------------------------ routing
 
@@ -332,18 +453,21 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         """The namespace's full map now, and again whenever it changes.
 
         A node that has no table yet holds the stream open until the first one. A new
-        table that leaves this namespace's map as it was is not sent, because every
-        message costs the official Python client (0.2.1) dearly: its reader thread waits
-        on its start-up barrier after each map, so it applies the second map, then blocks
-        for good (later maps are never read, and `Client.close()` hangs joining it).
+        table that leaves this namespace's map as it was is not sent. In gateway mode
+        the map names this node for every shard, so leader changes never change it.
         """
         namespace = request.namespace or DEFAULT_NAMESPACE
         last_sent: pb.ShardAssignments | None = None
         try:
+            try:
+                gateway = forwarding.routing_of(context) is Routing.GATEWAY
+            except ValueError as e:
+                raise _invalid(str(e)) from None
             while True:
                 table = self._directory.assignments()
                 if table.namespaces:
-                    message = _client_assignments(table, namespace)
+                    address = self._directory.name if gateway else None
+                    message = _client_assignments(table, namespace, address)
                     if message != last_sent:
                         yield message
                         last_sent = message
@@ -351,8 +475,8 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         except RequestError as e:
             await e.abort(context)
 
-    def _leader_host(self, request_shard: int | None) -> ShardHostApi:
-        """The leader replica of the named shard on this node, or the error to return."""
+    def _locate(self, request_shard: int | None) -> tuple[str, str]:
+        """(namespace, leader address in the routing table) of a shard."""
         if request_shard is None:
             raise _invalid("the request names no shard; quorumstore does not route by key")
         table = self._directory.assignments()
@@ -362,13 +486,62 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         located = self._index.get(request_shard)
         if located is None:
             raise _invalid(f"unknown shard {request_shard}: it is in no namespace of this cluster")
-        namespace, table_leader = located
-        host = self._directory.shard_host(namespace, request_shard)
+        return located
+
+    def _leader_host(self, request_shard: int | None) -> ShardHostApi:
+        """The leader replica of the named shard on this node, or the error to return."""
+        namespace, table_leader = self._locate(request_shard)
+        host = self._directory.shard_host(namespace, request_shard)  # type: ignore[arg-type]
         if host is None:
-            raise _not_leader(request_shard, table_leader or None)
+            raise _not_leader(request_shard, table_leader or None)  # type: ignore[arg-type]
         if not host.is_leader():
-            raise _not_leader(request_shard, host.leader_hint())
+            raise _not_leader(request_shard, host.leader_hint())  # type: ignore[arg-type]
         return host
+
+    def _route(
+        self, request_shard: int | None, context: grpc.aio.ServicerContext
+    ) -> ShardHostApi | str:
+        """The shard's leader replica here, or in gateway mode the address to relay to."""
+        try:
+            return self._leader_host(request_shard)
+        except RequestError as refused:
+            if refused.code is not OxiaCode.NODE_IS_NOT_LEADER:
+                raise
+            try:
+                relay = forwarding.may_relay(context)
+            except ValueError as e:
+                raise _invalid(str(e)) from None
+            hint = dict(refused.trailing_metadata).get(LEADER_HINT_METADATA_KEY)
+            if not relay or not hint or hint == self._directory.name:
+                raise
+            return hint
+
+    async def _relay_unary(
+        self, address: str, method: str, request: Any, shard: int, context: grpc.aio.ServicerContext
+    ) -> Any:
+        call = getattr(self._relays.stub(address), method)
+        try:
+            return await call(
+                request,
+                metadata=forwarding.relay_metadata(context),
+                timeout=context.time_remaining(),
+            )
+        except grpc.aio.AioRpcError as e:
+            raise _relay_error(address, shard, e) from None
+
+    async def _relay_stream(
+        self, address: str, method: str, request: Any, shard: int, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        call = getattr(self._relays.stub(address), method)(
+            request, metadata=forwarding.relay_metadata(context)
+        )
+        try:
+            async for response in call:
+                yield response
+        except grpc.aio.AioRpcError as e:
+            raise _relay_error(address, shard, e) from None
+        finally:
+            call.cancel()
 
     # ---------------------------------------------------------- validation
 
@@ -402,6 +575,23 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 "in hierarchical key order"
             )
 
+    def _check_sequence(self, put: pb.PutRequest, field: str) -> None:
+        """A put with sequence_key_delta, as Oxia requires it (its ErrMissingPartitionKey,
+        ErrBadVersionId, ErrSequenceDeltaIsZero), and within the key limit."""
+        deltas = put.sequence_key_delta
+        if not put.HasField("partition_key"):
+            raise _invalid(f"{field}: sequence keys (sequence_key_delta) need a partition_key")
+        if put.HasField("expected_version_id"):
+            raise _invalid(f"{field}: sequence keys cannot have an expected_version_id")
+        if deltas[0] == 0:
+            raise _invalid(f"{field}.sequence_key_delta[0] is 0; the first delta must be > 0")
+        size = len(put.key.encode()) + _SEQUENCE_SUFFIX_CHARS * len(deltas)
+        if size > self._max_key_bytes:
+            raise _invalid(
+                f"{field}: the sequence key would be {size} bytes, above the limit of "
+                f"{self._max_key_bytes} bytes"
+            )
+
     def _check_put(self, put: pb.PutRequest, field: str) -> None:
         self._check_key(put.key, f"{field}.key")
         if len(put.value) > self._max_value_bytes:
@@ -409,12 +599,15 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 f"{field}.value is {len(put.value)} bytes, above the limit of "
                 f"{self._max_value_bytes} bytes"
             )
-        if put.HasField("session_id"):
-            raise _not_supported(f"{field}: ephemeral records (session_id) are")
+        if put.HasField("partition_key"):
+            self._check_key(put.partition_key, f"{field}.partition_key", allow_empty=True)
+        if put.HasField("client_identity"):
+            self._check_key(put.client_identity, f"{field}.client_identity", allow_empty=True)
         if put.sequence_key_delta:
-            raise _not_supported(f"{field}: sequence keys (sequence_key_delta) are")
-        if put.secondary_indexes:
-            raise _not_supported(f"{field}: secondary indexes are")
+            self._check_sequence(put, field)
+        for j, index in enumerate(put.secondary_indexes):
+            self._check_key(index.index_name, f"{field}.secondary_indexes[{j}].index_name")
+            self._check_key(index.secondary_key, f"{field}.secondary_indexes[{j}].secondary_key")
         self._check_expected_version(put, field)
 
     def _check_write(self, request: pb.WriteRequest) -> None:
@@ -429,6 +622,19 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 delete_range.start_inclusive, delete_range.end_exclusive, f"delete_ranges[{i}]"
             )
 
+    @staticmethod
+    def _check_sequence_state(reader: ShardReader, request: pb.WriteRequest) -> None:
+        """Oxia's ErrMissingSequenceDeltas: a put gives fewer deltas than its sequence has."""
+        for i, put in enumerate(request.puts):
+            if put.sequence_key_delta:
+                have = reader.sequence_dimensions(put.key)
+                if len(put.sequence_key_delta) < have:
+                    raise _invalid(
+                        f"puts[{i}]: the keys of sequence {put.key!r} carry {have} numbers, "
+                        f"so sequence_key_delta needs at least {have} deltas, got "
+                        f"{len(put.sequence_key_delta)}"
+                    )
+
     def _check_gets(self, gets: Sequence[pb.GetRequest]) -> None:
         for i, get in enumerate(gets):
             field = f"gets[{i}]"
@@ -437,16 +643,16 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             # A bound for FLOOR/CEILING/LOWER/HIGHER may be empty ("" sorts first).
             self._check_key(get.key, f"{field}.key", allow_empty=get.comparison_type != pb.EQUAL)
             if get.HasField("secondary_index_name"):
-                raise _not_supported(f"{field}: secondary index lookups are")
+                self._check_key(get.secondary_index_name, f"{field}.secondary_index_name")
 
     def _check_scan(self, request: pb.ListRequest | pb.RangeScanRequest) -> None:
         self._check_range(request.start_inclusive, request.end_exclusive, "request")
         if request.HasField("secondary_index_name"):
-            raise _not_supported("secondary index scans are")
+            self._check_key(request.secondary_index_name, "request.secondary_index_name")
 
     # -------------------------------------------------------------- writes
 
-    def _build_batch(self, request: pb.WriteRequest) -> bytes:
+    def _build_batch(self, request: pb.WriteRequest, origin: ClientSerial | None) -> bytes:
         """One write batch: the puts, then the deletes, then the delete ranges."""
         batch = WriteBatchBuilder()
         for put in request.puts:
@@ -456,8 +662,11 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 expected_version_id=put.expected_version_id
                 if put.HasField("expected_version_id")
                 else None,
+                session_id=put.session_id if put.HasField("session_id") else None,
                 client_identity=put.client_identity if put.HasField("client_identity") else None,
                 partition_key=put.partition_key if put.HasField("partition_key") else None,
+                sequence_key_delta=list(put.sequence_key_delta),
+                secondary_indexes=[(i.index_name, i.secondary_key) for i in put.secondary_indexes],
             )
         for delete in request.deletes:
             batch.add_delete(
@@ -466,26 +675,42 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             )
         for delete_range in request.delete_ranges:
             batch.add_delete_range(delete_range.start_inclusive, delete_range.end_exclusive)
-        return batch.build(self._directory.now_ms())
+        return batch.build(self._directory.now_ms(), origin)
 
-    async def _write(self, request: pb.WriteRequest) -> pb.WriteResponse:
+    @staticmethod
+    async def _replicate(host: ShardHostApi, shard: int, payload: bytes) -> EntryResult:
+        try:
+            return await host.write(payload)
+        except NotLeaderError as e:
+            raise _not_leader(shard, e.leader_hint) from e
+
+    async def _write(
+        self,
+        request: pb.WriteRequest,
+        context: grpc.aio.ServicerContext,
+        origin: ClientSerial | None = None,
+        previous: asyncio.Future[pb.WriteResponse] | None = None,
+    ) -> pb.WriteResponse:
+        """One write; a relayed one first waits for `previous` (the stream's write before
+        it), so that a stream's writes reach their leaders in request order."""
         shard = request.shard if request.HasField("shard") else None
-        host = self._leader_host(shard)
+        target = self._route(shard, context)
         self._check_write(request)
+        if isinstance(target, str):
+            if previous is not None:
+                await asyncio.wait([previous])
+            return await self._relay_unary(target, "Write", request, request.shard, context)
         if not (request.puts or request.deletes or request.delete_ranges):
             return pb.WriteResponse()
-        payload = self._build_batch(request)
-        try:
-            result = await host.write(payload)
-        except NotLeaderError as e:
-            raise _not_leader(request.shard, e.leader_hint) from e
+        self._check_sequence_state(target.reader(), request)
+        result = await self._replicate(target, request.shard, self._build_batch(request, origin))
         return _write_response(request, result)
 
     async def Write(
         self, request: pb.WriteRequest, context: grpc.aio.ServicerContext
     ) -> pb.WriteResponse:
         try:
-            return await self._write(request)
+            return await self._write(request, context, _origin(context))
         except RequestError as e:
             await e.abort(context)
 
@@ -502,10 +727,14 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         inflight = asyncio.Semaphore(self._max_inflight_stream_writes)
 
         async def start_writes() -> None:
+            previous: asyncio.Future[pb.WriteResponse] | None = None
             try:
                 async for request in request_iterator:
                     await inflight.acquire()
-                    pending.put_nowait(asyncio.ensure_future(self._write(request)))
+                    previous = asyncio.ensure_future(
+                        self._write(request, context, previous=previous)
+                    )
+                    pending.put_nowait(previous)
             finally:
                 pending.put_nowait(None)
 
@@ -529,43 +758,77 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ReadResponse]:
         try:
-            host = self._leader_host(request.shard if request.HasField("shard") else None)
+            target = self._route(request.shard if request.HasField("shard") else None, context)
             self._check_gets(request.gets)
+            if isinstance(target, str):
+                async for relayed in self._relay_stream(
+                    target, "Read", request, request.shard, context
+                ):
+                    yield relayed
+                return
         except RequestError as e:
             await e.abort(context)
-        reader = host.reader()
+        reader = target.reader()
         responses = (_get_response(reader, get) for get in request.gets)
         for chunk in _chunks(
             responses, lambda r: len(r.value), self._max_response_items, self._max_response_bytes
         ):
             yield pb.ReadResponse(gets=chunk)
 
-    def _scan_reader(self, request: pb.ListRequest | pb.RangeScanRequest) -> ShardReader:
-        host = self._leader_host(request.shard if request.HasField("shard") else None)
-        self._check_scan(request)
-        return host.reader()
-
     async def List(
         self, request: pb.ListRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ListResponse]:
-        """Keys in [start, end) in hierarchical order; an empty end means unbounded."""
+        """Keys in [start, end) in hierarchical order; an empty end means unbounded.
+
+        Through a secondary index, the range is over secondary keys and the answer is
+        the primary keys, by secondary key.
+        """
         try:
-            reader = self._scan_reader(request)
+            target = self._route(request.shard if request.HasField("shard") else None, context)
+            self._check_scan(request)
+            if isinstance(target, str):
+                async for relayed in self._relay_stream(
+                    target, "List", request, request.shard, context
+                ):
+                    yield relayed
+                return
         except RequestError as e:
             await e.abort(context)
-        keys = reader.list_keys(request.start_inclusive, request.end_exclusive)
+        reader = target.reader()
+        if request.HasField("secondary_index_name"):
+            keys = reader.list_by_index(
+                request.secondary_index_name, request.start_inclusive, request.end_exclusive
+            )
+        else:
+            keys = reader.list_keys(request.start_inclusive, request.end_exclusive)
         for chunk in _chunks(keys, len, self._max_response_items, self._max_response_bytes):
             yield pb.ListResponse(keys=chunk)
 
     async def RangeScan(
         self, request: pb.RangeScanRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.RangeScanResponse]:
-        """Records in [start, end) in hierarchical order; an empty end means unbounded."""
+        """Records in [start, end) in hierarchical order; an empty end means unbounded.
+
+        Through a secondary index, as for List.
+        """
         try:
-            reader = self._scan_reader(request)
+            target = self._route(request.shard if request.HasField("shard") else None, context)
+            self._check_scan(request)
+            if isinstance(target, str):
+                async for relayed in self._relay_stream(
+                    target, "RangeScan", request, request.shard, context
+                ):
+                    yield relayed
+                return
         except RequestError as e:
             await e.abort(context)
-        records = reader.range_scan(request.start_inclusive, request.end_exclusive)
+        reader = target.reader()
+        if request.HasField("secondary_index_name"):
+            records = reader.range_scan_by_index(
+                request.secondary_index_name, request.start_inclusive, request.end_exclusive
+            )
+        else:
+            records = reader.range_scan(request.start_inclusive, request.end_exclusive)
         for chunk in _chunks(
             records,
             lambda item: len(item[0]) + len(item[1].value),
@@ -578,32 +841,194 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 ]
             )
 
-    # ----------------------------------------------------- not implemented
+    # ------------------------------------------------------------ sessions
 
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
-        await _unimplemented(context, "sessions (ephemeral records) are")
+    ) -> pb.CreateSessionResponse:
+        try:
+            target = self._route(request.shard, context)
+            timeout = request.session_timeout_ms
+            if not MIN_SESSION_TIMEOUT_MS <= timeout <= MAX_SESSION_TIMEOUT_MS:
+                raise RequestError(
+                    OxiaCode.INVALID_SESSION_TIMEOUT,
+                    f"oxia: invalid session timeout: {timeout} ms is outside "
+                    f"[{MIN_SESSION_TIMEOUT_MS}, {MAX_SESSION_TIMEOUT_MS}] ms",
+                )
+            self._check_key(request.client_identity, "client_identity", allow_empty=True)
+            if isinstance(target, str):
+                return await self._relay_unary(
+                    target, "CreateSession", request, request.shard, context
+                )
+            batch = WriteBatchBuilder()
+            batch.add_create_session(timeout, request.client_identity)
+            result = await self._replicate(
+                target, request.shard, batch.build(self._directory.now_ms())
+            )
+            session_id = result.results[0].session_id
+            assert session_id is not None, "a session create returned no session id"
+            self._sessions.started(target, session_id, timeout)
+            return pb.CreateSessionResponse(session_id=session_id)
+        except RequestError as e:
+            await e.abort(context)
 
     async def KeepAlive(
         self, request: pb.SessionHeartbeat, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
-        await _unimplemented(context, "sessions (ephemeral records) are")
+    ) -> pb.KeepAliveResponse:
+        try:
+            target = self._route(request.shard, context)
+            if isinstance(target, str):
+                return await self._relay_unary(target, "KeepAlive", request, request.shard, context)
+            if not self._sessions.heartbeat(target, request.session_id):
+                raise _session_not_found(request.shard, request.session_id)
+            return pb.KeepAliveResponse()
+        except RequestError as e:
+            await e.abort(context)
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
-        await _unimplemented(context, "sessions (ephemeral records) are")
+    ) -> pb.CloseSessionResponse:
+        """Closes the session; its ephemeral records are deleted by the same write."""
+        try:
+            target = self._route(request.shard, context)
+            if isinstance(target, str):
+                return await self._relay_unary(
+                    target, "CloseSession", request, request.shard, context
+                )
+            if not await self._close_session(target, request.shard, request.session_id):
+                raise _session_not_found(request.shard, request.session_id)
+            return pb.CloseSessionResponse()
+        except RequestError as e:
+            await e.abort(context)
 
-    async def GetNotifications(
-        self, request: pb.NotificationsRequest, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
-        await _unimplemented(context, "notifications are")
+    async def _close_session(self, host: ShardHostApi, shard: int, session_id: int) -> bool:
+        """Replicates the session's close; False if the shard had no such session."""
+        batch = WriteBatchBuilder()
+        batch.add_close_session(session_id)
+        result = await self._replicate(host, shard, batch.build(self._directory.now_ms()))
+        self._sessions.forget(host, session_id)
+        return result.results[0].status == Status.OK
+
+    def _hosts(self) -> list[tuple[int, ShardHostApi]]:
+        """(shard, replica) of every shard in the routing table hosted here."""
+        table = self._directory.assignments()
+        hosts = []
+        for shard, (namespace, _) in _shard_index(table).items():
+            host = self._directory.shard_host(namespace, shard)
+            if host is not None:
+                hosts.append((shard, host))
+        return hosts
+
+    async def _expire_sessions(self) -> None:
+        """Forever: close the sessions whose leader here heard nothing for their timeout."""
+        while True:
+            await asyncio.sleep(self._session_check_interval_s)
+            try:
+                hosts = self._hosts()
+                shards = {id(host): shard for shard, host in hosts}
+
+                async def close(host: Any, session_id: int) -> None:
+                    await self._close_session(host, shards[id(host)], session_id)
+
+                self._sessions.expire([host for _, host in hosts], close)
+            except Exception:  # noqa: BLE001 - the sweep must go on; the next one retries
+                log.exception("session expiry sweep failed")
+
+    # --------------------------------------------------- streams of changes
 
     async def GetSequenceUpdates(
         self, request: pb.GetSequenceUpdatesRequest, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
-        await _unimplemented(context, "sequence keys are")
+    ) -> AsyncIterator[pb.GetSequenceUpdatesResponse]:
+        """The last key assigned under the prefix now (if any), then each newer one.
+
+        Keys assigned in quick succession may be collapsed into the latest, as in Oxia.
+        The stream ends with a not-leader error when this node stops leading the shard.
+        """
+        try:
+            target = self._route(request.shard, context)
+            self._check_key(request.key, "key")
+            if isinstance(target, str):
+                async for relayed in self._relay_stream(
+                    target, "GetSequenceUpdates", request, request.shard, context
+                ):
+                    yield relayed
+                return
+            last_sent: str | None = None
+            seen_offset: int | None = None
+            while True:
+                reader = self._leader_host(request.shard).reader()
+                offset = reader.applied_position.offset
+                if offset != seen_offset:
+                    seen_offset = offset
+                    latest = reader.latest_sequence_key(request.key)
+                    if latest is not None and latest != last_sent:
+                        yield pb.GetSequenceUpdatesResponse(highest_sequence_key=latest)
+                        last_sent = latest
+                await asyncio.sleep(self._poll_interval_s)
+        except RequestError as e:
+            await e.abort(context)
+
+    async def GetNotifications(
+        self, request: pb.NotificationsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.NotificationBatch]:
+        """One batch per entry after `start_offset_exclusive`, from the shard's change log.
+
+        Without an offset the stream starts at the last applied entry, announced by an
+        empty batch at that offset (as Oxia does). A resumed stream with nothing new
+        yet also starts with an empty batch at its offset (see `position_batch`).
+        """
+        shard = request.shard
+        try:
+            target = self._route(shard, context)
+            start = (
+                request.start_offset_exclusive
+                if request.HasField("start_offset_exclusive")
+                else None
+            )
+            if start is not None and start < -1:
+                raise _invalid(f"start_offset_exclusive is {start}; offsets start at -1")
+            if isinstance(target, str):
+                async for relayed in self._relay_stream(
+                    target, "GetNotifications", request, shard, context
+                ):
+                    yield relayed
+                return
+            reader = target.reader()
+            if start is None:
+                start = reader.applied_position.offset
+                yield position_batch(shard, start)
+                announced = True
+            else:
+                kept_after = reader.changes_kept_after()
+                if start < kept_after:
+                    raise RequestError(
+                        grpc.StatusCode.OUT_OF_RANGE,
+                        f"the changes of shard {shard} up to offset {kept_after} are past their "
+                        f"retention; resume from offset {kept_after} or later, or subscribe "
+                        "without an offset",
+                    )
+                announced = False
+            last = start
+            while True:
+                reader = self._leader_host(shard).reader()
+                applied = reader.applied_position.offset
+                if applied > last:
+                    for offset, timestamp_ms, changes in reader.read_changes(last, applied):
+                        yield notification_batch(shard, offset, timestamp_ms, changes)
+                        announced = True
+                    last = applied
+                if not announced:
+                    yield position_batch(shard, start)
+                    announced = True
+                await asyncio.sleep(self._poll_interval_s)
+        except RequestError as e:
+            await e.abort(context)
+
+
+def _session_not_found(shard: int, session_id: int) -> RequestError:
+    return RequestError(
+        OxiaCode.SESSION_NOT_FOUND, f"oxia: session not found: {session_id} on shard {shard}"
+    )
 
 
 def _abandon(write: asyncio.Future[pb.WriteResponse] | None) -> None:
@@ -614,8 +1039,3 @@ def _abandon(write: asyncio.Future[pb.WriteResponse] | None) -> None:
         write.cancel()
     elif not write.cancelled():
         write.exception()  # consumed, so asyncio does not log it as never retrieved
-
-
-async def _unimplemented(context: grpc.aio.ServicerContext, what: str) -> NoReturn:
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} not supported by quorumstore yet")
-    raise AssertionError("context.abort returned")

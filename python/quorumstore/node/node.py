@@ -21,9 +21,11 @@ import grpc
 
 from quorumstore import wire
 from quorumstore.node.client_api import OxiaClientServicer
+from quorumstore.node.data_api import QuorumstoreDataServicer
 from quorumstore.node.shard_host import ShardHost
 from quorumstore.node.transport import GRPC_OPTIONS, NodeTransport
 from quorumstore.proto import oxia_client_pb2_grpc
+from quorumstore.proto import quorumstore_data_pb2_grpc
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import (
@@ -75,6 +77,7 @@ class Node:
         pb_grpc.add_NodeControlServicer_to_server(_NodeControl(self), self._server)
         pb_grpc.add_ReplicationServicer_to_server(_Replication(self), self._server)
         oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(OxiaClientServicer(self), self._server)
+        quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(QuorumstoreDataServicer(self, self.config.data_dir / "data-staging"), self._server)
         port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if port == 0:
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: the port is taken or not allowed")

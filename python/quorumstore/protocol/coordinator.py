@@ -244,6 +244,7 @@ class Coordinator:
             ensemble_size=len(meta.ensemble),
             eligible=meta.eligible,
             known_commit_offset=meta.known_commit_offset,
+            leader_load=self._leader_load(),
         )
         if choice.leader is None:
             if meta.state is not ShardState.OFFLINE:
@@ -254,6 +255,16 @@ class Coordinator:
         self._out.append(
             Outbound(choice.leader, BecomeLeader(key, election.term, len(meta.ensemble), followers))
         )
+
+    def _leader_load(self) -> dict[str, int]:
+        """Shards each node leads or is about to lead."""
+        load: dict[str, int] = {}
+        for key, meta in self._meta.items():
+            election = self._elections.get(key)
+            leader = meta.leader if meta.state is ShardState.ONLINE else election and election.candidate
+            if leader:
+                load[leader] = load.get(leader, 0) + 1
+        return load
 
     def _on_become_leader_response(self, msg: BecomeLeaderResponse) -> None:
         meta = self._meta.get(msg.shard)

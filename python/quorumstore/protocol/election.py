@@ -5,6 +5,7 @@ Pure functions, apart from the coordinator so the rule reads on its own.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from quorumstore.protocol.types import LogPosition
@@ -24,10 +25,14 @@ class Choice:
     reason: str = ""
 
 
-def rank(candidate: Candidate, eligible: frozenset[str]) -> tuple[int, int, bool, str]:
+def rank(
+    candidate: Candidate, eligible: frozenset[str], leader_load: Mapping[str, int] | None = None
+) -> tuple[int, int, bool, int, str]:
     """Highest (term, offset) of the head entry wins (invariant 4); among equal heads a
-    member of the live replica set, then the name, breaks the tie."""
-    return (candidate.head.term, candidate.head.offset, candidate.node in eligible, candidate.node)
+    member of the live replica set, then the node leading fewest shards (to spread
+    leaders over the nodes), then the name, breaks the tie."""
+    load = leader_load.get(candidate.node, 0) if leader_load else 0
+    return (candidate.head.term, candidate.head.offset, candidate.node in eligible, -load, candidate.node)
 
 
 def choose_leader(
@@ -36,6 +41,7 @@ def choose_leader(
     ensemble_size: int,
     eligible: frozenset[str],
     known_commit_offset: int,
+    leader_load: Mapping[str, int] | None = None,
 ) -> Choice:
     """Picks the responder with the highest head entry, if it may lead.
 
@@ -48,7 +54,7 @@ def choose_leader(
     """
     if not responses:
         return Choice(None, "no NewTerm responses")
-    best = max(responses, key=lambda c: rank(c, eligible))
+    best = max(responses, key=lambda c: rank(c, eligible, leader_load))
     if best.node not in eligible and len(responses) < ensemble_size:
         return Choice(None, f"best candidate {best.node} {best.head.entry_id} is not in the live replica set")
     if best.head.offset < known_commit_offset:

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition
+from quorumstore.storage import change_log
 from quorumstore.storage.keys import (
     INTERNAL_PREFIX,
     USER_KEYS_END,
@@ -34,7 +35,9 @@ from quorumstore.storage.keys import (
     encode_keys,
     key_range,
 )
+from quorumstore.storage import secondary_indexes, sequences, sessions
 from quorumstore.storage.kv import KvReader, KvStore
+from quorumstore.storage.overlay import InternalOverlay
 from quorumstore.storage.serials import decode_serial_record, serial_changes, serial_key
 from quorumstore.storage.write_batch import (
     VERSION_ID_NOT_EXISTS,
@@ -59,10 +62,13 @@ _U64 = (1 << 64) - 1
 _HEADER = struct.Struct("<qqqqqBII")
 _HAS_CLIENT_IDENTITY = 1
 _HAS_PARTITION_KEY = 2
+#: The record has secondary index entries (kept by `secondary_indexes`).
+_HAS_INDEXES = 4
 _NO_SESSION = -1
 
 # Plain ints for the per-op loop.
 _PUT, _DELETE_RANGE = Op.PUT.value, Op.DELETE_RANGE.value
+_CREATE_SESSION, _CLOSE_SESSION = Op.CREATE_SESSION.value, Op.CLOSE_SESSION.value
 _KNOWN_OPS = {op.value for op in Op}
 
 # Arrow binary arrays hold at most 2 GiB; cap scan_arrow batches well below that.
@@ -111,17 +117,24 @@ class Record(NamedTuple):
     session_id: int | None = None
     client_identity: str | None = None
     partition_key: str | None = None
+    #: Whether secondary index entries point at the record.
+    indexed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class OpResult:
     status: Status
     version: Record | None = None
+    #: The key a put wrote when the shard chose it (sequence keys).
+    key: str | None = None
+    #: The id of a session the op created.
+    session_id: int | None = None
 
 
 _OK = OpResult(Status.OK)
 _KEY_NOT_FOUND = OpResult(Status.KEY_NOT_FOUND)
 _UNEXPECTED_VERSION_ID = OpResult(Status.UNEXPECTED_VERSION_ID)
+_SESSION_DOES_NOT_EXIST = OpResult(Status.SESSION_DOES_NOT_EXIST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +146,31 @@ class EntryResult:
     duplicate: bool = False
 
 
-_RESULT = struct.Struct("<BBI")  # status, has record, record length
+_RESULT = struct.Struct("<BBI")  # status, flags, record length
+_RESULT_RECORD, _RESULT_KEY, _RESULT_SESSION = 1, 2, 4
 
 
 def encode_results(results: Sequence[OpResult]) -> bytes:
-    """Compact bytes of per-op results, kept with a client's latest serial."""
+    """Compact bytes of per-op results, kept with a client's latest serial.
+
+    Per result: the header, the record, then (when flagged) the key's length and
+    UTF-8 bytes and the session id.
+    """
     parts = [_COUNTER.pack(len(results))]
     for r in results:
         record = b"" if r.version is None else encode_record(r.version)
-        parts.append(_RESULT.pack(r.status, r.version is not None, len(record)))
+        flags = (
+            (_RESULT_RECORD if r.version is not None else 0)
+            | (_RESULT_KEY if r.key is not None else 0)
+            | (_RESULT_SESSION if r.session_id is not None else 0)
+        )
+        parts.append(_RESULT.pack(r.status, flags, len(record)))
         parts.append(record)
+        if r.key is not None:
+            key = r.key.encode()
+            parts += [_COUNTER.pack(len(key)), key]
+        if r.session_id is not None:
+            parts.append(_COUNTER.pack(r.session_id))
     return b"".join(parts)
 
 
@@ -151,11 +179,20 @@ def decode_results(data: bytes) -> list[OpResult]:
     at = _COUNTER.size
     out = []
     for _ in range(count):
-        status, has_record, length = _RESULT.unpack_from(data, at)
+        status, flags, length = _RESULT.unpack_from(data, at)
         at += _RESULT.size
-        record = decode_record(data[at : at + length]) if has_record else None
+        record = decode_record(data[at : at + length]) if flags & _RESULT_RECORD else None
         at += length
-        out.append(OpResult(Status(status), record))
+        key = session_id = None
+        if flags & _RESULT_KEY:
+            (size,) = _COUNTER.unpack_from(data, at)
+            at += _COUNTER.size
+            key = data[at : at + size].decode()
+            at += size
+        if flags & _RESULT_SESSION:
+            (session_id,) = _COUNTER.unpack_from(data, at)
+            at += _COUNTER.size
+        out.append(OpResult(Status(status), record, key, session_id))
     return out
 
 
@@ -168,6 +205,8 @@ def encode_record(record: Record) -> bytes:
     if record.partition_key is not None:
         flags |= _HAS_PARTITION_KEY
         partition_key = record.partition_key.encode()
+    if record.indexed:
+        flags |= _HAS_INDEXES
     header = _HEADER.pack(
         record.version_id,
         record.modifications_count,
@@ -204,6 +243,7 @@ def decode_record(data: bytes) -> Record:
         if flags & _HAS_CLIENT_IDENTITY
         else None,
         partition_key=data[ci_at:value_at].decode() if flags & _HAS_PARTITION_KEY else None,
+        indexed=bool(flags & _HAS_INDEXES),
     )
 
 
@@ -319,6 +359,67 @@ class ShardReader:
         for key, raw in self._kv.scan(*key_range(min_inclusive, max_exclusive)):
             yield decode_key(key), decode_record(raw)
 
+    def list_by_index(self, index_name: str, min_inclusive: str, max_exclusive: str) -> Iterator[str]:
+        """Primary keys whose secondary key in `index_name` is in [min, max), by secondary key."""
+        for primary in secondary_indexes.scan(self._kv, index_name, min_inclusive, max_exclusive):
+            yield decode_key(primary)
+
+    def range_scan_by_index(
+        self, index_name: str, min_inclusive: str, max_exclusive: str
+    ) -> Iterator[tuple[str, Record]]:
+        for primary in secondary_indexes.scan(self._kv, index_name, min_inclusive, max_exclusive):
+            raw = self._kv.get(primary)
+            if raw is not None:
+                yield decode_key(primary), decode_record(raw)
+
+    def get_by_index(
+        self, index_name: str, key: str, comparison: KeyComparison
+    ) -> tuple[str, str, Record] | None:
+        """(primary key, secondary key, record) that `key` selects in `index_name`."""
+        if comparison == KeyComparison.HIGHER:
+            found = secondary_indexes.ceiling(self._kv, index_name, key, strict=True)
+        elif comparison == KeyComparison.LOWER:
+            found = secondary_indexes.lower(self._kv, index_name, key)
+        else:
+            found = secondary_indexes.ceiling(self._kv, index_name, key, strict=False)
+            exact = found is not None and found[1] == encode_key(key)
+            if comparison == KeyComparison.FLOOR and not exact:
+                found = secondary_indexes.lower(self._kv, index_name, key)
+            elif comparison == KeyComparison.EQUAL and not exact:
+                found = None
+        if found is None:
+            return None
+        primary, secondary = found
+        raw = self._kv.get(primary)
+        if raw is None:
+            return None
+        return decode_key(primary), decode_key(secondary), decode_record(raw)
+
+    def open_sessions(self) -> list[sessions.SessionInfo]:
+        """The shard's open sessions."""
+        return sessions.read_sessions(self._kv)
+
+    def session_info(self, session_id: int) -> sessions.SessionInfo | None:
+        return sessions.read_session(self._kv, session_id)
+
+    def read_changes(
+        self, start_offset_exclusive: int, end_offset_inclusive: int
+    ) -> Iterator[tuple[int, int, pa.RecordBatch]]:
+        """(offset, timestamp_ms, changes) of each entry in (start, end] that changed something."""
+        return change_log.read_changes(self._kv, start_offset_exclusive, end_offset_inclusive)
+
+    def changes_kept_after(self) -> int:
+        """Offset after which every entry's changes are still kept (-1: none expired)."""
+        return change_log.changes_kept_after(self._kv)
+
+    def latest_sequence_key(self, prefix: str) -> str | None:
+        """The last key assigned under the sequence `prefix`."""
+        return sequences.latest_key(self._kv, prefix)
+
+    def sequence_dimensions(self, prefix: str) -> int:
+        """How many numbers the keys of the sequence `prefix` carry (0: none yet)."""
+        return sequences.dimensions(self._kv, prefix)
+
     def scan_arrow(
         self, min_inclusive: str, max_exclusive: str, batch_rows: int = 65536
     ) -> Iterator[pa.RecordBatch]:
@@ -432,20 +533,49 @@ class ShardStateMachine(ShardReader):
         stored = dict(zip(point_keys, self._store.multi_get(point_keys)))
         changes: dict[bytes, bytes | None] = {}
         ranges: list[tuple[bytes, bytes]] = []
+        # Sessions, secondary indexes and sequences, under internal keys.
+        internal = InternalOverlay(self._store)
         next_version_id = self._next_version_id
         results: list[OpResult] = []
+
+        def current_of(k: bytes) -> bytes | None:
+            """A key no point op named (a sequence key, a session's ephemeral key)."""
+            if k in changes:
+                return changes[k]
+            if k in stored:
+                return stored[k]
+            if any(start <= k < end for start, end in ranges):
+                return None
+            return self._store.get(k)
 
         rows = zip(
             ops,
             keys,
+            columns["key"],
             columns["end_key"],
             columns["value"],
             columns["expected_version_id"],
             columns["session_id"],
             columns["client_identity"],
             columns["partition_key"],
+            columns["sequence_key_delta"],
+            columns["secondary_indexes"],
+            columns["session_timeout_ms"],
         )
-        for op, key, end_key, value, want, session_id, client_identity, partition_key in rows:
+        for (
+            op,
+            key,
+            plain_key,
+            end_key,
+            value,
+            want,
+            session_id,
+            client_identity,
+            partition_key,
+            deltas,
+            indexes,
+            timeout_ms,
+        ) in rows:
             if op == _DELETE_RANGE:
                 end = encode_key(end_key) if end_key else USER_KEYS_END
                 if key < end:
@@ -454,12 +584,46 @@ class ShardStateMachine(ShardReader):
                         for k in view:
                             if key <= k < end:
                                 view[k] = None
+                    secondary_indexes.remove_range(internal, key, end)
+                results.append(_OK)
+                continue
+            if op == _CREATE_SESSION:
+                new_id = sessions.create_session(internal, timeout_ms or 0, client_identity or "")
+                results.append(OpResult(Status.OK, session_id=new_id))
+                continue
+            if op == _CLOSE_SESSION:
+                listed = sessions.close_session(internal, session_id)
+                if listed is None:
+                    results.append(_SESSION_DOES_NOT_EXIST)
+                    continue
+                for k in listed:
+                    record = current_of(k)
+                    if record is not None and _HEADER.unpack_from(record)[4] == session_id:
+                        changes[k] = None
+                        if _HEADER.unpack_from(record)[5] & _HAS_INDEXES:
+                            secondary_indexes.remove(internal, k)
                 results.append(_OK)
                 continue
 
-            current = changes[key] if key in changes else stored[key]
+            assigned = None
+            if op == _PUT and (session_id is not None or deltas):
+                if session_id is not None and not sessions.session_exists(internal, session_id):
+                    results.append(_SESSION_DOES_NOT_EXIST)
+                    continue
+                if deltas:
+                    try:
+                        assigned = sequences.assign(internal, plain_key, deltas)
+                    except sequences.SequenceOverflowError:
+                        results.append(_UNEXPECTED_VERSION_ID)
+                        continue
+                    key = encode_key(assigned)
+            if assigned is None:
+                current = changes[key] if key in changes else stored[key]
+            else:
+                current = current_of(key)
             # (version_id, modifications_count, created_ms, ...) or None when absent.
             header = None if current is None else _HEADER.unpack_from(current)
+            was_indexed = header is not None and header[5] & _HAS_INDEXES
             if want is not None and want != (
                 VERSION_ID_NOT_EXISTS if header is None else header[0]
             ):
@@ -474,26 +638,44 @@ class ShardStateMachine(ShardReader):
                     session_id,
                     client_identity,
                     partition_key,
+                    bool(indexes),
                 )
                 next_version_id += 1
                 changes[key] = encode_record(record)
-                results.append(OpResult(Status.OK, record))
+                if session_id is not None:
+                    sessions.add_ephemeral_key(internal, session_id, key)
+                if indexes or was_indexed:
+                    pairs = [(i["index_name"], i["secondary_key"]) for i in indexes or ()]
+                    secondary_indexes.replace(internal, key, pairs)
+                results.append(OpResult(Status.OK, record, assigned))
             elif header is None:
                 results.append(_KEY_NOT_FOUND)
             else:
                 changes[key] = None
+                if was_indexed:
+                    secondary_indexes.remove(internal, key)
                 results.append(_OK)
 
         puts = [(k, v) for k, v in changes.items() if v is not None]
         puts.append((APPLIED_KEY, _pack_position(position)))
         puts.append((NEXT_VERSION_ID_KEY, _COUNTER.pack(next_version_id)))
         deletes = [k for k, v in changes.items() if v is None]
+        internal_puts, internal_deletes = internal.writes()
+        puts.extend(internal_puts)
+        deletes.extend(internal_deletes)
         if origin is not None:
             serial_puts, serial_deletes = serial_changes(
                 self._store, origin.client_id, origin.serial, now, encode_results(results), previous_serial
             )
             puts.extend(serial_puts)
             deletes.extend(serial_deletes)
+        written = [(k, v) for k, v in changes.items() if v is not None]
+        change_batch = change_log.entry_changes(
+            _records_batch([k for k, _ in written], [v for _, v in written]), changes, stored, ranges
+        )
+        change_puts, change_deletes = change_log.record_changes(self._store, entry.offset, now, change_batch)
+        puts.extend(change_puts)
+        deletes.extend(change_deletes)
         self._store.write(puts, deletes, ranges)
         self._applied = position
         self._next_version_id = next_version_id

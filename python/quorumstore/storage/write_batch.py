@@ -28,6 +28,18 @@ class Op(enum.IntEnum):
     PUT = 0
     DELETE = 1
     DELETE_RANGE = 2
+    #: A session with `session_timeout_ms` and `client_identity`; the shard assigns its id.
+    CREATE_SESSION = 3
+    #: Ends session `session_id`: its ephemeral records are deleted with it.
+    CLOSE_SESSION = 4
+
+
+SECONDARY_INDEX = pa.struct(
+    [
+        pa.field("index_name", pa.string(), nullable=False),
+        pa.field("secondary_key", pa.string(), nullable=False),
+    ]
+)
 
 
 SCHEMA = pa.schema(
@@ -43,6 +55,10 @@ SCHEMA = pa.schema(
         pa.field("session_id", pa.int64()),
         pa.field("client_identity", pa.string()),
         pa.field("partition_key", pa.string()),
+        # A PUT with deltas writes `key` + one "-%020d" suffix per delta, chosen at apply time.
+        pa.field("sequence_key_delta", pa.list_(pa.uint64())),
+        pa.field("secondary_indexes", pa.list_(SECONDARY_INDEX)),
+        pa.field("session_timeout_ms", pa.int64()),
     ]
 )
 
@@ -132,7 +148,13 @@ class WriteBatchBuilder:
         session_id: int | None = None,
         client_identity: str | None = None,
         partition_key: str | None = None,
+        sequence_key_delta: list[int] | None = None,
+        secondary_indexes: list[tuple[str, str]] | None = None,
+        session_timeout_ms: int | None = None,
     ) -> None:
+        indexes = None
+        if secondary_indexes:
+            indexes = [{"index_name": n, "secondary_key": k} for n, k in secondary_indexes]
         row = (
             op,
             key,
@@ -142,6 +164,9 @@ class WriteBatchBuilder:
             session_id,
             client_identity,
             partition_key,
+            sequence_key_delta or None,
+            indexes,
+            session_timeout_ms,
         )
         for column, item in zip(self._columns.values(), row):
             column.append(item)
@@ -154,7 +179,10 @@ class WriteBatchBuilder:
         session_id: int | None = None,
         client_identity: str | None = None,
         partition_key: str | None = None,
+        sequence_key_delta: list[int] | None = None,
+        secondary_indexes: list[tuple[str, str]] | None = None,
     ) -> None:
+        """A put; with `sequence_key_delta`, `key` is the prefix of a server-assigned key."""
         self._add(
             Op.PUT,
             key,
@@ -163,6 +191,8 @@ class WriteBatchBuilder:
             session_id=session_id,
             client_identity=client_identity,
             partition_key=partition_key,
+            sequence_key_delta=sequence_key_delta,
+            secondary_indexes=secondary_indexes,
         )
 
     def add_delete(self, key: str, expected_version_id: int | None = None) -> None:
@@ -170,6 +200,14 @@ class WriteBatchBuilder:
 
     def add_delete_range(self, start_inclusive: str, end_exclusive: str) -> None:
         self._add(Op.DELETE_RANGE, start_inclusive, end_key=end_exclusive)
+
+    def add_create_session(self, timeout_ms: int, client_identity: str) -> None:
+        self._add(
+            Op.CREATE_SESSION, "", session_timeout_ms=timeout_ms, client_identity=client_identity
+        )
+
+    def add_close_session(self, session_id: int) -> None:
+        self._add(Op.CLOSE_SESSION, "", session_id=session_id)
 
     def build(self, timestamp_ms: int, origin: ClientSerial | None = None) -> bytes:
         arrays = [

@@ -1,0 +1,47 @@
+"""quorumstore's own client: typed, batching, exactly-once, following leader changes.
+
+`AsyncClient` is the asyncio client; `Client` is its blocking face for code
+without an event loop. Both speak Oxia's client protocol to any quorumstore node.
+See docs/client.md for a guide with examples.
+"""
+
+from quorumstore.client.arrow import SCAN_SCHEMA, PutManyData
+from quorumstore.client.async_client import AsyncClient
+from quorumstore.client.errors import (
+    ClientClosed,
+    InvalidRequest,
+    KeyNotFound,
+    NamespaceNotFound,
+    NotSupported,
+    QuorumStoreError,
+    ServiceUnavailable,
+    SessionDoesNotExist,
+    UnexpectedVersionId,
+)
+from quorumstore.client.sync_client import Client
+from quorumstore.client.types import (
+    EXPECTED_RECORD_DOES_NOT_EXIST,
+    ComparisonType,
+    Record,
+    Version,
+)
+
+__all__ = [
+    "EXPECTED_RECORD_DOES_NOT_EXIST",
+    "SCAN_SCHEMA",
+    "AsyncClient",
+    "Client",
+    "ClientClosed",
+    "ComparisonType",
+    "InvalidRequest",
+    "KeyNotFound",
+    "NamespaceNotFound",
+    "NotSupported",
+    "PutManyData",
+    "QuorumStoreError",
+    "Record",
+    "ServiceUnavailable",
+    "SessionDoesNotExist",
+    "UnexpectedVersionId",
+    "Version",
+]

@@ -1,0 +1,468 @@
+"""`AsyncClient`: quorumstore's asyncio client over the Oxia protocol.
+
+    async with AsyncClient("127.0.0.1:6648") as client:
+        version = await client.put("/users/7", b"ada")
+        key, value, version = await client.get("/users/7")
+
+Every operation goes to its shard's batcher (`batcher.py`): concurrent puts and
+deletes of a shard travel as one replicated write, concurrent gets as one `Read`,
+with up to `max_inflight_batches` batches of each kind in flight per shard. Writes
+are exactly-once by default (`writes.py`): a batch retried after a leader change is
+applied once. The shard map follows the cluster (`discovery.py`), and requests are
+retried across leader changes until `request_timeout_s` (`calls.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Self
+
+import pyarrow as pa
+
+from quorumstore.client import arrow
+from quorumstore.client.batcher import Batcher, BatchLimits
+from quorumstore.client.calls import ShardCaller
+from quorumstore.client.discovery import Channels, Directory
+from quorumstore.client.errors import ClientClosed, InvalidRequest, KeyNotFound
+from quorumstore.client.reads import GetOp, ReadSender
+from quorumstore.client.scans import (
+    merge_sorted,
+    record_sort_key,
+    shard_keys,
+    shard_records,
+    to_records,
+)
+from quorumstore.client.types import ComparisonType, Record, Version
+from quorumstore.client.writes import (
+    DELETE,
+    DELETE_RANGE,
+    OP_OVERHEAD_BYTES,
+    PUT,
+    WriteOp,
+    WriteSender,
+)
+from quorumstore.proto import quorumstore_data_pb2 as data_pb
+from quorumstore.storage.keys import encode_key
+
+DEFAULT_NAMESPACE = "default"
+
+
+def _value_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"a value must be bytes or str, got {type(value).__name__}")
+
+
+def _check_key(key: str, what: str = "key") -> None:
+    if not isinstance(key, str):
+        raise TypeError(f"{what} must be a str, got {type(key).__name__}")
+    if not key:
+        raise InvalidRequest(f"{what} is empty")
+
+
+class AsyncClient:
+    """A quorumstore client for asyncio code.
+
+    Open it with `async with AsyncClient(address) as client` (or `await connect()`
+    and `await close()`); `address` is any node's `host:port`.
+
+    Options:
+      namespace: the namespace to use (default "default").
+      linger_ms: how long a batch waits for more operations after its first one
+        (0: until the event loop has run every task that is ready).
+      max_batch_ops, max_batch_bytes: a batch closes when it reaches either.
+      max_inflight_batches: batches of each kind (write, read) in flight per shard.
+      request_timeout_s: how long an operation is retried across leader changes and
+        outages before it fails with ServiceUnavailable.
+      connect_timeout_s: how long `connect` waits for the first shard map.
+      exactly_once: tag write batches with a client id and serial so that a retried
+        batch is applied once (default True).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        linger_ms: float = 1.0,
+        max_batch_ops: int = 1000,
+        max_batch_bytes: int = 1 << 20,
+        max_inflight_batches: int = 8,
+        request_timeout_s: float = 30.0,
+        connect_timeout_s: float = 30.0,
+        exactly_once: bool = True,
+    ) -> None:
+        numbers = {
+            "max_batch_ops": max_batch_ops,
+            "max_batch_bytes": max_batch_bytes,
+            "max_inflight_batches": max_inflight_batches,
+            "request_timeout_s": request_timeout_s,
+            "connect_timeout_s": connect_timeout_s,
+        }
+        for name, number in numbers.items():
+            if number <= 0:
+                raise ValueError(f"{name} must be positive, got {number}")
+        if linger_ms < 0:
+            raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        self.address = address
+        self.namespace = namespace
+        #: This instance's identity in exactly-once serials (a random UUID).
+        self.client_id = uuid.uuid4().hex
+        self._limits = BatchLimits(
+            linger_ms / 1000, max_batch_ops, max_batch_bytes, max_inflight_batches
+        )
+        self._connect_timeout_s = connect_timeout_s
+        self._request_timeout_s = request_timeout_s
+        self._exactly_once = exactly_once
+        self._channels: Channels | None = None
+        self._directory: Directory | None = None
+        self._writer: WriteSender | None = None
+        self._reader: ReadSender | None = None
+        self._caller: ShardCaller | None = None
+        self._write_batchers: dict[int, Batcher[WriteOp]] = {}
+        self._read_batchers: dict[int, Batcher[GetOp]] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def connect(self) -> Self:
+        """Fetches the shard map; returns once the client can serve operations."""
+        if self._closed:
+            raise ClientClosed("this client was closed; open a new one")
+        if self._directory is not None:
+            return self
+        channels = Channels()
+        directory = Directory(channels, self.address, self.namespace)
+        try:
+            await directory.start(self._connect_timeout_s)
+        except BaseException:
+            await channels.close()
+            raise
+        self._channels, self._directory = channels, directory
+        self._caller = ShardCaller(directory, channels, self._request_timeout_s)
+        self._writer = WriteSender(self._caller, self.namespace, self.client_id, self._exactly_once)
+        self._reader = ReadSender(self._caller)
+        return self
+
+    async def close(self) -> None:
+        """Sends what is queued, waits for in-flight batches, and closes the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        batchers = [*self._write_batchers.values(), *self._read_batchers.values()]
+        await asyncio.gather(*(b.drain() for b in batchers))
+        if self._directory is not None:
+            await self._directory.close()
+        if self._channels is not None:
+            await self._channels.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.connect()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _ready(self) -> Directory:
+        if self._closed:
+            raise ClientClosed("this client was closed; open a new one")
+        if self._directory is None:
+            raise ClientClosed("this client is not connected: use `async with` or await connect()")
+        return self._directory
+
+    # ------------------------------------------------------------ batching
+
+    def _write_batcher(self, shard: int) -> Batcher[WriteOp]:
+        batcher = self._write_batchers.get(shard)
+        if batcher is None:
+            assert self._writer is not None
+            send = self._writer.send
+            batcher = Batcher(lambda ops, lane: send(shard, ops, lane), self._limits)
+            self._write_batchers[shard] = batcher
+        return batcher
+
+    def _read_batcher(self, shard: int) -> Batcher[GetOp]:
+        batcher = self._read_batchers.get(shard)
+        if batcher is None:
+            assert self._reader is not None
+            send = self._reader.send
+            batcher = Batcher(lambda ops, lane: send(shard, ops, lane), self._limits)
+            self._read_batchers[shard] = batcher
+        return batcher
+
+    def submit_put(
+        self,
+        key: str,
+        value: bytes | str,
+        expected_version_id: int | None = None,
+        partition_key: str | None = None,
+    ) -> asyncio.Future[Version]:
+        """Queues a put and returns its future (what `put` awaits); loop thread only."""
+        directory = self._ready()
+        _check_key(key)
+        data = _value_bytes(value)
+        future: asyncio.Future[Version] = asyncio.get_running_loop().create_future()
+        shard = directory.map.shard_for(partition_key or key)
+        op = WriteOp(PUT, key, data, expected_version_id, partition_key, future)  # type: ignore[arg-type]
+        self._write_batcher(shard).add(op, len(key) + len(data) + OP_OVERHEAD_BYTES)
+        return future
+
+    def submit_get(
+        self,
+        key: str,
+        partition_key: str | None = None,
+        include_value: bool = True,
+    ) -> asyncio.Future[Record]:
+        """Queues an exact-match get and returns its future; loop thread only."""
+        directory = self._ready()
+        _check_key(key)
+        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+        shard = directory.map.shard_for(partition_key or key)
+        op = GetOp(key, ComparisonType.EQUAL, include_value, future)
+        self._read_batcher(shard).add(op, len(key) + OP_OVERHEAD_BYTES)
+        return future
+
+    # ------------------------------------------------------------ writes
+
+    async def put(
+        self,
+        key: str,
+        value: bytes | str,
+        *,
+        expected_version_id: int | None = None,
+        partition_key: str | None = None,
+    ) -> Version:
+        """Stores `value` under `key`; returns the record's new version.
+
+        expected_version_id: write only if the record's current version id is this
+          (EXPECTED_RECORD_DOES_NOT_EXIST: only if there is no record); otherwise
+          raises UnexpectedVersionId.
+        partition_key: route by this instead of the key, keeping the records that
+          share it on one shard (it is stored with the record).
+        """
+        return await self.submit_put(key, value, expected_version_id, partition_key)
+
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version_id: int | None = None,
+        partition_key: str | None = None,
+    ) -> bool:
+        """Deletes the record; True if it existed, False if there was none.
+
+        With `expected_version_id`, deletes only that version (else UnexpectedVersionId).
+        """
+        directory = self._ready()
+        _check_key(key)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        shard = directory.map.shard_for(partition_key or key)
+        op = WriteOp(DELETE, key, None, expected_version_id, None, future)  # type: ignore[arg-type]
+        self._write_batcher(shard).add(op, len(key) + OP_OVERHEAD_BYTES)
+        return await future
+
+    async def delete_range(
+        self,
+        min_key_inclusive: str,
+        max_key_exclusive: str,
+        *,
+        partition_key: str | None = None,
+    ) -> None:
+        """Deletes every record in [min, max) in hierarchical order ("" max: no bound).
+
+        Runs on every shard, or only on the partition key's shard when one is given.
+        """
+        directory = self._ready()
+        loop = asyncio.get_running_loop()
+        futures = []
+        for shard in self._shards(directory, partition_key):
+            future: asyncio.Future[None] = loop.create_future()
+            op = WriteOp(DELETE_RANGE, min_key_inclusive, max_key_exclusive, None, None, future)  # type: ignore[arg-type]
+            size = len(min_key_inclusive) + len(max_key_exclusive) + OP_OVERHEAD_BYTES
+            self._write_batcher(shard).add(op, size)
+            futures.append(future)
+        await asyncio.gather(*futures)
+
+    async def put_many(self, data: arrow.PutManyData) -> int:
+        """Stores many records at once, moving Arrow batches; returns how many.
+
+        `data`: a pyarrow Table or RecordBatch with `key` (string) and `value`
+        (binary) columns, a mapping of key to value, or a (keys, values) pair. Each
+        shard's rows travel as Arrow IPC, up to 65,536 rows (about 8 MiB) per
+        replicated write, exactly-once. Unconditional puts only; the records get no
+        partition key.
+        """
+        directory = self._ready()
+        keys, values = arrow.columns(data)
+        futures = [
+            self._queue_bulk_write(shard, batch)
+            for shard, rows in arrow.split_by_shard(keys, values, directory.map).items()
+            for batch in arrow.row_batches(rows)
+        ]
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return len(keys)
+
+    def _queue_bulk_write(self, shard: int, rows: pa.RecordBatch) -> asyncio.Future[None]:
+        """Queues one WriteArrow on the shard's write lanes; its future says how it went."""
+        assert self._writer is not None
+        writer = self._writer
+        payload = arrow.ipc(rows)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def job(lane: int) -> None:
+            try:
+                await writer.write_arrow(shard, payload, lane)
+            except Exception as e:  # noqa: BLE001 - reported through the future
+                future.set_exception(e)
+            else:
+                future.set_result(None)
+
+        self._write_batcher(shard).add_job(job)
+        return future
+
+    # ------------------------------------------------------------ reads
+
+    async def get(
+        self,
+        key: str,
+        *,
+        partition_key: str | None = None,
+        comparison: ComparisonType = ComparisonType.EQUAL,
+        include_value: bool = True,
+    ) -> Record:
+        """The record of `key` as (key, value, version); raises KeyNotFound if none.
+
+        comparison: FLOOR, CEILING, LOWER or HIGHER find the nearest key in
+          hierarchical order instead (across all shards unless `partition_key` is
+          given); the record's key says which one was found.
+        include_value: False returns the version only (value None).
+        """
+        if comparison == ComparisonType.EQUAL:
+            return await self.submit_get(key, partition_key, include_value)
+        directory = self._ready()
+        loop = asyncio.get_running_loop()
+        futures = []
+        for shard in self._shards(directory, partition_key):
+            future: asyncio.Future[Record] = loop.create_future()
+            self._read_batcher(shard).add(
+                GetOp(key, int(comparison), include_value, future), len(key) + OP_OVERHEAD_BYTES
+            )
+            futures.append(future)
+        found: list[Record] = []
+        for outcome in await asyncio.gather(*futures, return_exceptions=True):
+            if isinstance(outcome, Record):
+                found.append(outcome)
+            elif not isinstance(outcome, KeyNotFound):
+                raise outcome
+        if not found:
+            raise KeyNotFound(key)
+        lowest = comparison in (ComparisonType.CEILING, ComparisonType.HIGHER)
+        pick = min if lowest else max
+        return pick(found, key=lambda r: encode_key(r.key))
+
+    async def list(
+        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+    ) -> list[str]:
+        """The keys in [min, max) in hierarchical order ("" max: no bound)."""
+        directory = self._ready()
+        assert self._caller is not None
+        caller = self._caller
+        parts = await asyncio.gather(
+            *(
+                shard_keys(caller, shard, min_key_inclusive, max_key_exclusive)
+                for shard in self._shards(directory, partition_key)
+            )
+        )
+        if len(parts) == 1:
+            return parts[0]
+        return sorted((k for part in parts for k in part), key=encode_key)
+
+    async def range_scan(
+        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+    ) -> AsyncIterator[Record]:
+        """The records in [min, max) in hierarchical order, streamed as they arrive.
+
+        `async for key, value, version in client.range_scan("/a/", "/a/~")`.
+        """
+        async for chunk in self.range_scan_chunks(
+            min_key_inclusive, max_key_exclusive, partition_key=partition_key
+        ):
+            for record in chunk:
+                yield record
+
+    async def range_scan_chunks(
+        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+    ) -> AsyncIterator[list[Record]]:
+        """`range_scan` in chunks of records (fewer hand-offs for large scans)."""
+        directory = self._ready()
+        assert self._caller is not None
+        caller = self._caller
+        streams = [
+            shard_records(caller, shard, min_key_inclusive, max_key_exclusive)
+            for shard in self._shards(directory, partition_key)
+        ]
+        merged = streams[0] if len(streams) == 1 else merge_sorted(streams, record_sort_key)
+        try:
+            async for chunk in merged:
+                yield to_records(chunk)
+        finally:
+            await merged.aclose()  # type: ignore[attr-defined]
+
+    async def scan(
+        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+    ) -> pa.Table:
+        """The records in [min, max) as one pyarrow Table, in hierarchical key order.
+
+        Columns: key, value, version_id, modifications_count, created_ms, modified_ms
+        (`quorumstore.client.SCAN_SCHEMA`). Each shard's rows come from one snapshot
+        of it, as Arrow batches.
+        """
+        directory = self._ready()
+        assert self._caller is not None
+        caller = self._caller
+        stub = caller.channels.data_stub
+        request_range = data_pb.KeyRange(
+            min_inclusive=min_key_inclusive, max_exclusive=max_key_exclusive
+        )
+
+        async def shard_table(shard: int) -> pa.Table:
+            request = data_pb.ScanRequest(
+                namespace=self.namespace, shard=shard, ranges=[request_range]
+            )
+
+            async def attempt(leader: str, timeout_s: float) -> pa.Table:
+                # No per-attempt timeout: a large scan may take longer than one.
+                parts = [arrow.read_ipc(c.ipc) async for c in stub(leader).ScanArrow(request)]
+                return pa.concat_tables(parts)
+
+            return await caller.call(shard, attempt, "scan")
+
+        tables = await asyncio.gather(
+            *(shard_table(s) for s in self._shards(directory, partition_key))
+        )
+        return arrow.merge_tables(tables)
+
+    # ------------------------------------------------------------ helpers
+
+    def shard_for(self, key: str) -> int:
+        """The shard a key (or partition key) routes to under the current map."""
+        return self._ready().map.shard_for(key)
+
+    @staticmethod
+    def _shards(directory: Directory, partition_key: str | None) -> list[int]:
+        shards = directory.map
+        return shards.shards if partition_key is None else [shards.shard_for(partition_key)]

@@ -1,0 +1,115 @@
+"""One request to a shard's leader, retried across leader changes until a deadline.
+
+Every data request (a write batch, a read batch, a scan) names its shard and must
+reach that shard's current leader. `ShardCaller` looks the leader up in the
+directory's latest map for each attempt; after a transient failure (see
+`retry.py`) it backs off -- waking early when a new map arrives or following the
+not-leader error's hint at once -- and tries again until `request_timeout_s` has
+passed without success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from quorumstore.client.discovery import Channels, Directory
+from quorumstore.client.errors import ServiceUnavailable
+from quorumstore.client.retry import Backoff, Transient, classify
+from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
+
+T = TypeVar("T")
+M = TypeVar("M")
+
+#: A single attempt gives up after this long, so a leader that hangs (partitioned,
+#: overloaded) is retried like one that is down.
+ATTEMPT_TIMEOUT_S = 10.0
+
+
+class ShardCaller:
+    def __init__(self, directory: Directory, channels: Channels, request_timeout_s: float) -> None:
+        self._directory = directory
+        self._channels = channels
+        self._timeout_s = request_timeout_s
+
+    @property
+    def channels(self) -> Channels:
+        return self._channels
+
+    async def call(self, shard: int, attempt: Callable[[str, float], Awaitable[T]], what: str) -> T:
+        """`attempt(leader_address, timeout_s)`, retried until it succeeds.
+
+        Raises the typed error of a final failure, or ServiceUnavailable at the deadline.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        backoff = Backoff()
+        while True:
+            leader = self._directory.map.leader(shard)
+            hinted = False
+            if leader is None:
+                reason = f"shard {shard} has no leader (an election is running)"
+            else:
+                timeout = min(ATTEMPT_TIMEOUT_S, max(deadline - loop.time(), 0.001))
+                try:
+                    return await attempt(leader, timeout)
+                except grpc.aio.AioRpcError as e:
+                    failure = classify(e)
+                    if not isinstance(failure, Transient):
+                        raise failure from None
+                    reason = f"{leader}: {failure.reason}"
+                    if failure.leader_hint and failure.leader_hint != leader:
+                        self._directory.hint(shard, failure.leader_hint)
+                        hinted = True
+            await self._pause(what, shard, reason, deadline, backoff, hinted)
+
+    async def stream(
+        self, shard: int, open_stream: Callable[[OxiaClientStub], AsyncIterator[M]], what: str
+    ) -> AsyncIterator[M]:
+        """The messages of a server stream, re-opened after transient failures.
+
+        `open_stream` is called again for each attempt, so it must resume where the
+        messages already yielded end. The deadline restarts whenever a message arrives.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        backoff = Backoff()
+        while True:
+            leader = self._directory.map.leader(shard)
+            hinted = False
+            if leader is None:
+                reason = f"shard {shard} has no leader (an election is running)"
+            else:
+                try:
+                    async for message in open_stream(self._channels.stub(leader)):
+                        yield message
+                        deadline = loop.time() + self._timeout_s
+                        backoff = Backoff()
+                    return
+                except grpc.aio.AioRpcError as e:
+                    failure = classify(e)
+                    if not isinstance(failure, Transient):
+                        raise failure from None
+                    reason = f"{leader}: {failure.reason}"
+                    if failure.leader_hint and failure.leader_hint != leader:
+                        self._directory.hint(shard, failure.leader_hint)
+                        hinted = True
+            await self._pause(what, shard, reason, deadline, backoff, hinted)
+
+    async def _pause(
+        self, what: str, shard: int, reason: str, deadline: float, backoff: Backoff, hinted: bool
+    ) -> None:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise ServiceUnavailable(
+                f"{what} on shard {shard} did not succeed within {self._timeout_s:g} s; "
+                f"last error: {reason}"
+            )
+        delay = min(backoff.next_delay(), remaining)
+        if hinted:
+            await asyncio.sleep(delay)
+        else:
+            await self._directory.wait_for_change(delay)

@@ -1,0 +1,179 @@
+"""Connections to the nodes, and the shard map kept current from the cluster.
+
+`Directory` keeps a `GetShardAssignments` stream open in a background task: the
+server sends the namespace's full map on open and again whenever a leader changes,
+so the client follows leadership without polling. When the stream breaks (its node
+died) it reconnects, to the bootstrap address first and then to every node it has
+seen lead a shard, with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from quorumstore.client.errors import NamespaceNotFound, QuorumStoreError, ServiceUnavailable
+from quorumstore.client.retry import Backoff, classify
+from quorumstore.client.routing import ShardMap
+from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: Asks every node for Oxia's leader routing: this client follows the shard map and
+#: sends each call to the shard's leader. (Without it a node serves grpc-python
+#: clients as a gateway that relays their calls: an extra hop, see node/forwarding.py.)
+ROUTING_METADATA = (("qs-routing", "leader"),)
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    # A channel of its own per address: gRPC otherwise shares subchannels, and with
+    # them the reconnect backoff of a dead node, with every later channel to it.
+    ("grpc.use_local_subchannel_pool", 1),
+    # A restarted node is found again within a second, not gRPC's default two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+]
+
+
+class Channels:
+    """One gRPC channel per node address, opened on first use, with both services' stubs."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[
+            str,
+            tuple[
+                oxia_client_pb2_grpc.OxiaClientStub, quorumstore_data_pb2_grpc.QuorumstoreDataStub
+            ],
+        ] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def _open(
+        self, address: str
+    ) -> tuple[oxia_client_pb2_grpc.OxiaClientStub, quorumstore_data_pb2_grpc.QuorumstoreDataStub]:
+        stubs = self._stubs.get(address)
+        if stubs is None:
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels.append(channel)
+            stubs = self._stubs[address] = (
+                oxia_client_pb2_grpc.OxiaClientStub(channel),
+                quorumstore_data_pb2_grpc.QuorumstoreDataStub(channel),
+            )
+        return stubs
+
+    def stub(self, address: str) -> oxia_client_pb2_grpc.OxiaClientStub:
+        """Oxia's client protocol on the node at `address`."""
+        return self._open(address)[0]
+
+    def data_stub(self, address: str) -> quorumstore_data_pb2_grpc.QuorumstoreDataStub:
+        """quorumstore's Arrow data service on the node at `address`."""
+        return self._open(address)[1]
+
+    async def close(self) -> None:
+        channels, self._channels, self._stubs = self._channels, [], {}
+        await asyncio.gather(*(c.close() for c in channels))
+
+
+class Directory:
+    """The current `ShardMap` of one namespace, followed from the cluster."""
+
+    def __init__(self, channels: Channels, bootstrap: str, namespace: str) -> None:
+        self._channels = channels
+        self._bootstrap = bootstrap
+        self._namespace = namespace
+        self._map: ShardMap | None = None
+        self._changed = asyncio.Event()
+        self._fatal: QuorumStoreError | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, timeout_s: float) -> None:
+        """Starts following the map; returns once the first one arrived."""
+        self._task = asyncio.create_task(self._follow(), name="quorumstore-shard-assignments")
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except TimeoutError:
+            await self.close()
+            raise ServiceUnavailable(
+                f"no shard assignments from {self._bootstrap} for namespace "
+                f"{self._namespace!r} within {timeout_s:g} s: is a quorumstore node "
+                "listening there, and are its shards online?"
+            ) from None
+        if self._fatal is not None:
+            await self.close()
+            raise self._fatal
+
+    @property
+    def map(self) -> ShardMap:
+        if self._map is None:
+            raise RuntimeError("Directory.start() has not completed")
+        return self._map
+
+    async def wait_for_change(self, timeout_s: float) -> None:
+        """Returns when a new map arrives, or after `timeout_s`, whichever is first."""
+        event = self._changed
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def hint(self, shard: int, leader: str) -> None:
+        """Routes `shard` to `leader` now, until the next map says otherwise."""
+        if self._map is not None and self._map.leader(shard) != leader:
+            self._publish(self._map.with_leader(shard, leader))
+
+    def _publish(self, new_map: ShardMap) -> None:
+        self._map = new_map
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    def _candidates(self) -> list[str]:
+        """Where to ask for the map: the bootstrap address, then every known leader."""
+        known = [] if self._map is None else [self._map.leader(s) for s in self._map.shards]
+        return list(dict.fromkeys(a for a in [self._bootstrap, *known] if a))
+
+    async def _follow(self) -> None:
+        backoff = Backoff(max_s=1.0)
+        attempt = 0
+        while True:
+            candidates = self._candidates()
+            address = candidates[attempt % len(candidates)]
+            request = pb.ShardAssignmentsRequest(namespace=self._namespace)
+            try:
+                stream = self._channels.stub(address).GetShardAssignments(
+                    request, metadata=ROUTING_METADATA
+                )
+                async for message in stream:
+                    entry = message.namespaces.get(self._namespace)
+                    if entry is None:
+                        continue
+                    self._publish(ShardMap.from_proto(entry))
+                    backoff = Backoff(max_s=1.0)
+            except grpc.aio.AioRpcError as e:
+                failure = classify(e)
+                if isinstance(failure, NamespaceNotFound):
+                    self._fail(failure)
+                    return
+                log.debug("shard assignments from %s failed: %s", address, e.details())
+            except ValueError as e:  # a map this client cannot use
+                self._fail(QuorumStoreError(f"unusable shard assignments from {address}: {e}"))
+                return
+            attempt += 1
+            await asyncio.sleep(backoff.next_delay())
+
+    def _fail(self, error: QuorumStoreError) -> None:
+        """Ends a start() that is waiting; a running client keeps its last map."""
+        self._fatal = error
+        if self._map is None:
+            self._changed.set()
+        else:
+            log.error("stopped following shard assignments: %s", error)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None

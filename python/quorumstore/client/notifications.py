@@ -1,0 +1,149 @@
+"""Change notifications: every shard's `GetNotifications` stream, as one iterator.
+
+Each shard streams one batch per log entry that changed something, tagged with the
+entry's offset. The subscription follows each shard's leader and, after a failure,
+re-opens the shard's stream after the last offset it delivered: the change log is
+replicated, so a new leader continues exactly there, with no gap and no repeat.
+`offsets` is what to pass as `start_offsets` to resume in a new subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import AsyncIterator, Mapping
+from typing import NamedTuple, Self
+
+from quorumstore.client.calls import ShardCaller
+from quorumstore.client.discovery import ROUTING_METADATA
+from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
+
+#: Notifications buffered per subscription before the shard streams wait for the reader.
+_QUEUE_SIZE = 10_000
+
+
+class NotificationType(enum.IntEnum):
+    KEY_CREATED = pb.KEY_CREATED
+    KEY_MODIFIED = pb.KEY_MODIFIED
+    KEY_DELETED = pb.KEY_DELETED
+    #: [key, key_range_end) was deleted.
+    KEY_RANGE_DELETED = pb.KEY_RANGE_DELETED
+
+
+class Notification(NamedTuple):
+    """One change of one key (or key range) by the log entry at `offset` of `shard`."""
+
+    shard: int
+    offset: int
+    timestamp_ms: int
+    type: NotificationType
+    key: str
+    #: The record's version id after the change; None for deletions.
+    version_id: int | None
+    #: End (exclusive) of the deleted range, for KEY_RANGE_DELETED.
+    key_range_end: str | None
+
+
+def _notifications(batch: pb.NotificationBatch) -> list[Notification]:
+    return [
+        Notification(
+            batch.shard,
+            batch.offset,
+            batch.timestamp,
+            NotificationType(n.type),
+            key,
+            n.version_id if n.HasField("version_id") else None,
+            n.key_range_last if n.type == pb.KEY_RANGE_DELETED else None,
+        )
+        for key, n in batch.notifications.items()
+    ]
+
+
+class Subscription:
+    """An async iterator of `Notification`s from some shards; close it when done.
+
+    Within a shard notifications come in offset order; shards interleave. The
+    iterator raises the error that ended a shard's stream (ServiceUnavailable after
+    `request_timeout_s` without a leader, say).
+    """
+
+    def __init__(
+        self, caller: ShardCaller, shards: list[int], start_offsets: Mapping[int, int]
+    ) -> None:
+        #: Per shard, the offset of the last entry delivered (or the start position).
+        self.offsets: dict[int, int | None] = {s: start_offsets.get(s) for s in shards}
+        self._caller = caller
+        self._queue: asyncio.Queue[list[Notification] | BaseException] = asyncio.Queue(
+            _QUEUE_SIZE
+        )
+        self._pending: list[Notification] = []
+        self._tasks = [asyncio.create_task(self._follow(shard)) for shard in shards]
+        self._ready = asyncio.Event()
+        self._positioned: set[int] = set()
+
+    async def wait_ready(self) -> Self:
+        """Returns once every shard's stream has told its start position.
+
+        Changes made after this are sure to be delivered.
+        """
+        waiter = asyncio.create_task(self._ready.wait())
+        failed = asyncio.create_task(self._first_failure())
+        try:
+            await asyncio.wait({waiter, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            failed.cancel()
+        if failed.done() and not failed.cancelled() and failed.result() is not None:
+            raise failed.result()  # type: ignore[misc]
+        return self
+
+    async def _first_failure(self) -> BaseException | None:
+        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None
+
+    async def _follow(self, shard: int) -> None:
+        def open_stream(stub: OxiaClientStub) -> AsyncIterator[pb.NotificationBatch]:
+            request = pb.NotificationsRequest(shard=shard)
+            start = self.offsets[shard]
+            if start is not None:
+                request.start_offset_exclusive = start
+            return stub.GetNotifications(request, metadata=ROUTING_METADATA)
+
+        try:
+            async for batch in self._caller.stream(shard, open_stream, "notifications"):
+                self.offsets[shard] = batch.offset
+                self._positioned.add(shard)
+                if len(self._positioned) == len(self.offsets):
+                    self._ready.set()
+                if batch.notifications:
+                    await self._queue.put(_notifications(batch))
+        except Exception as e:  # noqa: BLE001 - handed to the reader
+            await self._queue.put(e)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Notification:
+        while not self._pending:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                await self.aclose()
+                raise item
+            self._pending = item
+        return self._pending.pop(0)
+
+    async def aclose(self) -> None:
+        """Stops following the shards."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> Self:
+        return await self.wait_ready()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

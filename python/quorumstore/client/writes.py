@@ -1,0 +1,196 @@
+"""Write batches: many puts, deletes and range deletes as one replicated write.
+
+One batch is one Oxia `WriteRequest`, which the shard's leader turns into one WAL
+entry: its puts are applied first, then its deletes, then its range deletes, and
+each gets its own status. Operations of one batch come from concurrent callers, so
+that order among them is as good as any other.
+
+Exactly-once: each batch carries a client id and a serial, as gRPC metadata
+(`qs-client-id`, `qs-serial`) on Oxia's `Write`, as fields on the data service's
+`WriteArrow`. The shard remembers, per client id, the latest serial
+it applied and that write's results; a retry of the same batch after a failover
+(same id, same serial) is answered with the original results instead of being
+applied again. Because the shard keeps only the *latest* serial per id, two batches
+of one id must never be in flight at once (the later one could land first and turn
+the earlier one into an ignored "old" serial): the client id is therefore the
+client's random id plus the batch's lane (`batcher.py`), and a lane carries one
+batch at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from quorumstore.client.calls import ShardCaller
+from quorumstore.client.discovery import ROUTING_METADATA
+from quorumstore.client.errors import (
+    InvalidRequest,
+    KeyNotFound,
+    QuorumStoreError,
+    SessionDoesNotExist,
+    UnexpectedVersionId,
+)
+from quorumstore.client.types import version_from_proto
+from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.proto import quorumstore_data_pb2 as data_pb
+
+CLIENT_ID_METADATA_KEY = "qs-client-id"
+SERIAL_METADATA_KEY = "qs-serial"
+
+PUT, DELETE, DELETE_RANGE = 0, 1, 2
+#: Per-operation framing counted on top of keys and values when sizing a batch.
+OP_OVERHEAD_BYTES = 16
+
+
+class WriteOp(NamedTuple):
+    """One queued write. PUT: (key, value, expected_version_id, partition_key);
+    DELETE: (key, None, expected_version_id, None); DELETE_RANGE: (start, end, None, None)."""
+
+    kind: int
+    key: str
+    value: bytes | str | None
+    expected_version_id: int | None
+    partition_key: str | None
+    future: asyncio.Future[object]
+
+
+def build_request(shard: int, ops: Sequence[WriteOp]) -> pb.WriteRequest:
+    request = pb.WriteRequest(shard=shard)
+    puts, deletes, ranges = request.puts, request.deletes, request.delete_ranges
+    for op in ops:
+        if op.kind == PUT:
+            put = puts.add(key=op.key, value=op.value)
+            if op.expected_version_id is not None:
+                put.expected_version_id = op.expected_version_id
+            if op.partition_key is not None:
+                put.partition_key = op.partition_key
+        elif op.kind == DELETE:
+            delete = deletes.add(key=op.key)
+            if op.expected_version_id is not None:
+                delete.expected_version_id = op.expected_version_id
+        else:
+            ranges.add(start_inclusive=op.key, end_exclusive=op.value)
+    return request
+
+
+def _status_error(op: WriteOp, status: int) -> QuorumStoreError:
+    if status == pb.UNEXPECTED_VERSION_ID:
+        return UnexpectedVersionId(op.key, op.expected_version_id)
+    if status == pb.KEY_NOT_FOUND:
+        return KeyNotFound(op.key)
+    if status == pb.SESSION_DOES_NOT_EXIST:
+        return SessionDoesNotExist(op.key)
+    return QuorumStoreError(f"write of {op.key!r} returned unknown status {status}")
+
+
+def resolve(ops: Sequence[WriteOp], response: pb.WriteResponse) -> None:
+    """Hands each operation its outcome: a Version, True/False for deletes, None."""
+    by_kind: tuple[list[WriteOp], list[WriteOp], list[WriteOp]] = ([], [], [])
+    for op in ops:
+        by_kind[op.kind].append(op)
+    puts, deletes, ranges = by_kind
+    if (len(response.puts), len(response.deletes), len(response.delete_ranges)) != (
+        len(puts),
+        len(deletes),
+        len(ranges),
+    ):
+        fail(
+            ops,
+            QuorumStoreError("the server answered a write batch with the wrong number of results"),
+        )
+        return
+    for op, result in zip(puts, response.puts):
+        if op.future.done():
+            continue
+        if result.status == pb.OK:
+            op.future.set_result(version_from_proto(result.version))
+        else:
+            op.future.set_exception(_status_error(op, result.status))
+    for op, result in zip(deletes, response.deletes):
+        if op.future.done():
+            continue
+        if result.status == pb.OK or result.status == pb.KEY_NOT_FOUND:
+            op.future.set_result(result.status == pb.OK)
+        else:
+            op.future.set_exception(_status_error(op, result.status))
+    for op, result in zip(ranges, response.delete_ranges):
+        if op.future.done():
+            continue
+        if result.status == pb.OK:
+            op.future.set_result(None)
+        else:
+            op.future.set_exception(_status_error(op, result.status))
+
+
+def fail(ops: Sequence[WriteOp], error: BaseException) -> None:
+    for op in ops:
+        if not op.future.done():
+            op.future.set_exception(error)
+
+
+class WriteSender:
+    """Sends write batches with retries, under exactly-once serials when enabled."""
+
+    def __init__(
+        self, caller: ShardCaller, namespace: str, client_id: str, exactly_once: bool
+    ) -> None:
+        self._caller = caller
+        self._namespace = namespace
+        self._client_id = client_id
+        self._exactly_once = exactly_once
+        # One counter for every lane and shard: increasing within each lane, as required.
+        self._serials = itertools.count()
+
+    def _origin(self, lane: int) -> tuple[str, int] | None:
+        """A fresh (client id, serial) for the next batch of `lane`; None without exactly-once."""
+        if not self._exactly_once:
+            return None
+        return f"{self._client_id}/{lane}", next(self._serials)
+
+    async def write(self, shard: int, request: pb.WriteRequest, lane: int) -> pb.WriteResponse:
+        """One Oxia write batch, retried with the same serial until it is applied once."""
+        origin = self._origin(lane)
+        metadata = ROUTING_METADATA
+        if origin is not None:
+            metadata += ((CLIENT_ID_METADATA_KEY, origin[0]), (SERIAL_METADATA_KEY, str(origin[1])))
+        stub = self._caller.channels.stub
+
+        async def attempt(leader: str, timeout_s: float) -> pb.WriteResponse:
+            return await stub(leader).Write(request, metadata=metadata, timeout=timeout_s)
+
+        return await self._caller.call(shard, attempt, "write batch")
+
+    async def write_arrow(self, shard: int, rows: bytes, lane: int) -> data_pb.WriteArrowResponse:
+        """Arrow IPC rows (key, value) as one entry via the data service, exactly-once."""
+        origin = self._origin(lane)
+        request = data_pb.WriteArrowRequest(namespace=self._namespace, shard=shard, ipc=rows)
+        if origin is not None:
+            request.client_id, request.serial = origin
+            request.has_serial = True
+        stub = self._caller.channels.data_stub
+
+        async def attempt(leader: str, timeout_s: float) -> data_pb.WriteArrowResponse:
+            return await stub(leader).WriteArrow(request, timeout=timeout_s)
+
+        return await self._caller.call(shard, attempt, "put_many batch")
+
+    async def send(self, shard: int, ops: list[WriteOp], lane: int) -> None:
+        """A batch of queued operations; resolves every operation's future."""
+        try:
+            response = await self.write(shard, build_request(shard, ops), lane)
+        except InvalidRequest as e:
+            if len(ops) == 1:
+                fail(ops, e)
+                return
+            # The server checks a whole batch before writing any of it, so one bad
+            # operation refused them all: send each alone to fail only the bad one.
+            for op in ops:
+                await self.send(shard, [op], lane)
+            return
+        except Exception as e:  # noqa: BLE001 - every failure goes to the waiting callers
+            fail(ops, e)
+            return
+        resolve(ops, response)

@@ -1,0 +1,628 @@
+"""quorumstore's data service (`quorumstore.data.v1.QuorumstoreData`): Arrow in bulk.
+
+What DataFrames need and Oxia's record-at-a-time protocol does not offer:
+
+- `ScanArrow` streams a shard's records as Arrow from ONE snapshot of its KV, so a scan
+  never sees part of a write batch, and says which offset that snapshot is at;
+- `WriteArrow` turns a whole Arrow table into ONE replicated entry, optionally deleting
+  a key range first in the same entry (an atomic replace), exactly once per
+  (client id, serial);
+- `StageArrow` keeps rows on the leader, unreplicated, until a `WriteArrow` publishes
+  everything staged under a write id as one entry (Spark jobs: nothing is visible
+  until the job commits, and then a shard's part appears at once);
+- `GetOffsets` / `ReadChanges` serve the change log (`storage/change_log.py`).
+
+Scans and file work run on the service's own threads, off the node's event loop and
+off the node's I/O pool (which does the WAL's fsyncs).
+
+Staged rows live in `<staging root>/<write id>/<namespace>/<shard>/<part>.<chunk>.arrow`.
+They are not replicated: a leader change between staging and publishing makes the
+publish fail (FAILED_PRECONDITION), and the caller's write fails as a whole. Staged
+rows are dropped when published, by `DiscardStaged`, or after `STAGING_TTL_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NoReturn, Protocol, TypeVar
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from quorumstore.proto import quorumstore_data_pb2 as pb
+from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
+from quorumstore.proto import replication_pb2
+from quorumstore.protocol.replica import NotLeaderError
+from quorumstore.protocol.types import LogPosition
+from quorumstore.storage import change_log
+from quorumstore.storage.keys import compare_keys, encode_key, key_range
+from quorumstore.storage.kv import KvClosedError, KvReader, KvSnapshot, KvStore
+from quorumstore.storage.serials import decode_serial_record, serial_key
+from quorumstore.storage.state_machine import SCAN_SCHEMA, EntryResult, ShardReader
+from quorumstore.storage.write_batch import (
+    ClientSerial,
+    WriteBatchBuilder,
+    decode_batch,
+    encode_batch,
+    puts_batch,
+)
+
+#: Trailing metadata key carrying the leader's address on FAILED_PRECONDITION.
+LEADER_HINT_METADATA_KEY = "leader-hint"
+#: Rows per scan chunk unless the request asks otherwise.
+DEFAULT_SCAN_BATCH_ROWS = 65536
+#: Rows per change chunk unless the request asks otherwise (an entry is never split).
+DEFAULT_CHANGE_CHUNK_ROWS = 65536
+#: Largest write batch one WriteArrow may turn into an entry. The entry travels in one
+#: gRPC message to each follower (256 MiB limit, see node/transport.py).
+MAX_ENTRY_BYTES = 192 * 1024 * 1024
+#: Same limits as Oxia's client API (node/client_api.py).
+MAX_KEY_BYTES = 64 * 1024
+MAX_VALUE_BYTES = 16 * 1024 * 1024
+#: Staged rows nobody published or discarded are dropped after this long.
+STAGING_TTL_S = 24 * 60 * 60
+_SWEEP_INTERVAL_S = 600
+
+#: Columns of the rows a write carries (inline or staged).
+ROWS_SCHEMA = pa.schema(
+    [pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary(), nullable=False)]
+)
+#: Columns of a ReadChanges chunk: the change log's, then the entry's offset and time.
+CHANGE_ROWS_SCHEMA = change_log.CHANGES_SCHEMA.append(
+    pa.field("offset", pa.int64(), nullable=False)
+).append(pa.field("timestamp_ms", pa.int64(), nullable=False))
+
+_WRITE_ID = re.compile(r"[0-9a-f]{32}")
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+
+_T = TypeVar("_T")
+
+
+class DataShardHost(Protocol):
+    """One shard replica on this node, as the data service uses it (a `ShardHost`)."""
+
+    @property
+    def kv(self) -> KvStore: ...
+
+    def is_leader(self) -> bool: ...
+
+    def leader_hint(self) -> str | None: ...
+
+    async def write(self, payload: bytes) -> EntryResult: ...
+
+
+class DataNode(Protocol):
+    """What the service needs of its node (a `Node`)."""
+
+    def shard_host(self, namespace: str, shard: int) -> DataShardHost | None: ...
+
+    def assignments(self) -> replication_pb2.ShardAssignmentsUpdate: ...
+
+    def now_ms(self) -> int: ...
+
+
+class _Refused(Exception):
+    """A request refused with a gRPC status; `abort` turns it into the RPC's status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, leader: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.leader = leader
+
+    async def abort(self, context: grpc.aio.ServicerContext) -> NoReturn:
+        metadata = ((LEADER_HINT_METADATA_KEY, self.leader),) if self.leader else ()
+        await context.abort(self.code, self.message, metadata)
+        raise AssertionError("context.abort returned")
+
+
+def _invalid(message: str) -> _Refused:
+    return _Refused(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+# ------------------------------------------------------------------ Arrow helpers
+
+
+def ipc_bytes(batch: pa.RecordBatch) -> bytes:
+    """An Arrow IPC stream holding `batch` (schema included)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def read_rows(data: bytes, what: str) -> pa.Table:
+    """The ROWS_SCHEMA table in an IPC stream; `_Refused` (INVALID_ARGUMENT) if it is not one."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except pa.ArrowInvalid as e:
+        raise _invalid(f"{what} is not an Arrow IPC stream: {e}") from None
+    missing = [f.name for f in ROWS_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise _invalid(f"{what} has no column(s) {missing}; it has {table.column_names}")
+    table = table.select(ROWS_SCHEMA.names)
+    for field in ROWS_SCHEMA:
+        column = table.column(field.name)
+        if column.type != field.type:
+            raise _invalid(f"{what}: column {field.name!r} is {column.type}, expected {field.type}")
+        if column.null_count:
+            raise _invalid(f"{what}: column {field.name!r} holds {column.null_count} null(s)")
+    return table.cast(ROWS_SCHEMA)
+
+
+def _check_rows(rows: pa.Table, unique_keys: bool) -> None:
+    if rows.num_rows == 0:
+        return
+    keys, values = rows.column("key"), rows.column("value")
+    key_bytes = pc.binary_length(keys.cast(pa.binary()))
+    if pc.min(key_bytes).as_py() == 0:
+        raise _invalid("a row has an empty key")
+    longest_key = pc.max(key_bytes).as_py()
+    if longest_key > MAX_KEY_BYTES:
+        raise _invalid(f"a key is {longest_key} bytes, above the limit of {MAX_KEY_BYTES} bytes")
+    longest_value = pc.max(pc.binary_length(values)).as_py()
+    if longest_value > MAX_VALUE_BYTES:
+        raise _invalid(f"a value is {longest_value} bytes, above the limit of {MAX_VALUE_BYTES} bytes")
+    if unique_keys:
+        distinct = pc.count_distinct(keys).as_py()
+        if distinct != rows.num_rows:
+            raise _invalid(
+                f"{rows.num_rows - distinct} row(s) repeat a key of another row; "
+                "each key may be written once per write"
+            )
+
+
+def write_payload(
+    rows: pa.Table,
+    timestamp_ms: int,
+    origin: ClientSerial | None,
+    replace: tuple[str, str] | None,
+) -> bytes:
+    """ONE write batch: delete `replace` (if given), then put every row."""
+    keys = rows.column("key").combine_chunks()
+    values = rows.column("value").combine_chunks()
+    puts = puts_batch(keys, values, timestamp_ms, origin)
+    if replace is None:
+        return puts
+    builder = WriteBatchBuilder()
+    builder.add_delete_range(*replace)
+    deletes = decode_batch(builder.build(timestamp_ms, origin))
+    return encode_batch(pa.concat_batches([deletes, decode_batch(puts)]))
+
+
+def _check_range(min_inclusive: str, max_exclusive: str, what: str) -> None:
+    if max_exclusive and compare_keys(min_inclusive, max_exclusive) > 0:
+        raise _invalid(
+            f"{what}: {min_inclusive!r} sorts after {max_exclusive!r} in hierarchical key order"
+        )
+
+
+def _ranges(request_ranges: Sequence[pb.KeyRange]) -> list[tuple[str, str]]:
+    ranges = [(r.min_inclusive, r.max_exclusive) for r in request_ranges]
+    for i, (low, high) in enumerate(ranges):
+        _check_range(low, high, f"ranges[{i}]")
+    return ranges
+
+
+# ------------------------------------------------------------------ reads from one snapshot
+
+
+def _records_of_keys(reader: ShardReader, keys: Sequence[str]) -> pa.RecordBatch:
+    found = [(key, record) for key in dict.fromkeys(keys) if (record := reader.get(key)) is not None]
+    columns = [
+        [key for key, _ in found],
+        [r.value for _, r in found],
+        [r.version_id for _, r in found],
+        [r.modifications_count for _, r in found],
+        [r.created_ms for _, r in found],
+        [r.modified_ms for _, r in found],
+    ]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, f.type) for c, f in zip(columns, SCAN_SCHEMA)], schema=SCAN_SCHEMA
+    )
+
+
+def _scan_chunks(
+    view: KvReader, ranges: Sequence[tuple[str, str]], keys: Sequence[str], batch_rows: int
+) -> Iterator[bytes]:
+    reader = ShardReader(view)
+    if keys:
+        batch = _records_of_keys(reader, keys)
+        if batch.num_rows:
+            yield ipc_bytes(batch)
+    for low, high in ranges:
+        for batch in reader.scan_arrow(low, high, batch_rows):
+            yield ipc_bytes(batch)
+
+
+def _split(view: KvReader, ranges: Sequence[tuple[str, str]], max_rows: int) -> list[tuple[str, str]]:
+    """`ranges` cut so that each piece holds at most `max_rows` keys of the snapshot."""
+    reader = ShardReader(view)
+    if reader.next_version_id <= max_rows:
+        return list(ranges)  # every live key was put once at least: no range can be larger
+    out: list[tuple[str, str]] = []
+    for low, high in ranges:
+        start = low
+        count = 0
+        for key in reader.list_keys(low, high):
+            if count == max_rows:
+                out.append((start, key))
+                start, count = key, 0
+            count += 1
+        out.append((start, high))
+    return out
+
+
+def _change_chunks(
+    view: KvReader, start_exclusive: int, end_inclusive: int, max_rows: int
+) -> Iterator[tuple[bytes, int]]:
+    """(IPC of CHANGE_ROWS_SCHEMA rows, last offset in it); entries are never split."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    last = start_exclusive
+    for offset, timestamp_ms, changes in change_log.read_changes(view, start_exclusive, end_inclusive):
+        n = changes.num_rows
+        pending.append(
+            changes.append_column(CHANGE_ROWS_SCHEMA.field("offset"), pa.repeat(pa.scalar(offset, pa.int64()), n))
+            .append_column(CHANGE_ROWS_SCHEMA.field("timestamp_ms"), pa.repeat(pa.scalar(timestamp_ms, pa.int64()), n))
+        )
+        rows += n
+        last = offset
+        if rows >= max_rows:
+            yield ipc_bytes(pa.concat_batches(pending)), last
+            pending, rows = [], 0
+    if pending:
+        yield ipc_bytes(pa.concat_batches(pending)), last
+
+
+# ------------------------------------------------------------------ staging
+
+
+class _Staging:
+    """Rows kept on this node until published (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._last_sweep = 0.0
+
+    def _dir(self, write_id: str, namespace: str, shard: int) -> Path:
+        if not _WRITE_ID.fullmatch(write_id):
+            raise _invalid(f"write_id must be 32 lowercase hex digits, got {write_id!r}")
+        if not _NAME.fullmatch(namespace):
+            raise _invalid(f"namespace {namespace!r} cannot be staged for")
+        return self.root / write_id / namespace / str(shard)
+
+    @staticmethod
+    def _file(directory: Path, part: str, chunk: int) -> Path:
+        if not _NAME.fullmatch(part):
+            raise _invalid(f"part must be 1-128 letters, digits, '-', '_' or '.', got {part!r}")
+        if chunk < 0:
+            raise _invalid(f"chunk must be >= 0, got {chunk}")
+        return directory / f"{part}.{chunk}.arrow"
+
+    def check(self, write_id: str, namespace: str, shard: int, part: str, chunk: int) -> Path:
+        return self._file(self._dir(write_id, namespace, shard), part, chunk)
+
+    def put(self, path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        self._sweep()
+
+    def rows(self, write_id: str, namespace: str, shard: int, parts: Sequence[pb.StagedPart]) -> pa.Table:
+        directory = self._dir(write_id, namespace, shard)
+        tables = []
+        for part in parts:
+            got = 0
+            for chunk in range(part.chunks):
+                path = self._file(directory, part.part, chunk)
+                try:
+                    data = path.read_bytes()
+                except FileNotFoundError:
+                    raise _Refused(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"staged chunk {chunk} of part {part.part!r} of write {write_id} is not on "
+                        f"this node (shard {namespace}/{shard}): the leader changed since it was "
+                        "staged, or it was discarded; the write must be retried as a whole",
+                    ) from None
+                table = read_rows(data, f"staged chunk {path.name}")
+                got += table.num_rows
+                tables.append(table)
+            if got != part.rows:
+                raise _Refused(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"part {part.part!r} of write {write_id} staged {got} rows on this node, "
+                    f"but its writer reported {part.rows}",
+                )
+        return pa.concat_tables(tables) if tables else ROWS_SCHEMA.empty_table()
+
+    def drop(self, write_id: str, namespace: str | None = None, shard: int | None = None) -> None:
+        if namespace is None or shard is None:
+            if not _WRITE_ID.fullmatch(write_id):
+                raise _invalid(f"write_id must be 32 lowercase hex digits, got {write_id!r}")
+            shutil.rmtree(self.root / write_id, ignore_errors=True)
+        else:
+            shutil.rmtree(self._dir(write_id, namespace, shard), ignore_errors=True)
+
+    def _sweep(self) -> None:
+        now = time.time()
+        if now - self._last_sweep < _SWEEP_INTERVAL_S:
+            return
+        self._last_sweep = now
+        for entry in self.root.iterdir():
+            try:
+                if now - entry.stat().st_mtime > STAGING_TTL_S:
+                    shutil.rmtree(entry, ignore_errors=True)
+            except FileNotFoundError:
+                pass
+
+
+# ------------------------------------------------------------------ the servicer
+
+
+class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
+    """Serves `quorumstore.data.v1.QuorumstoreData` for the shards of one node.
+
+    Reads (scans, changes, offsets) may be served by any replica that is asked to
+    (`allow_follower`) or that has applied what is asked for (changes); writes and
+    staging only by the shard's leader.
+
+    Example (what `Node.start` does)::
+
+        servicer = QuorumstoreDataServicer(node, data_dir / "data-staging")
+        quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(servicer, server)
+    """
+
+    def __init__(self, node: DataNode, staging_root: Path, *, threads: int = 2) -> None:
+        self._node = node
+        self._staging = _Staging(staging_root)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="qs-data")
+
+    async def _run(self, fn: Callable[..., _T], *args: object) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # -------------------------------------------------------------- hosts
+
+    def _host(self, namespace: str, shard: int, *, leader: bool) -> DataShardHost:
+        host = self._node.shard_host(namespace, shard)
+        if host is None:
+            known = any(
+                ns.namespace == namespace and any(s.shard == shard for s in ns.shards)
+                for ns in self._node.assignments().namespaces
+            )
+            if not known:
+                raise _invalid(f"unknown shard {namespace}/{shard}")
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"shard {namespace}/{shard} has no replica on this node",
+                self._table_leader(namespace, shard),
+            )
+        if leader and not host.is_leader():
+            hint = host.leader_hint()
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"node is not leader for shard {namespace}/{shard}"
+                + (f"; leader hint: {hint}" if hint else ""),
+                hint,
+            )
+        return host
+
+    def _table_leader(self, namespace: str, shard: int) -> str | None:
+        for ns in self._node.assignments().namespaces:
+            for s in ns.shards:
+                if ns.namespace == namespace and s.shard == shard:
+                    return s.leader or None
+        return None
+
+    @staticmethod
+    def _snapshot(host: DataShardHost) -> KvSnapshot:
+        try:
+            return host.kv.snapshot()
+        except KvClosedError as e:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, f"the shard's store is closed: {e}") from None
+
+    async def _stream(
+        self, chunks: Iterator[_T], view: KvSnapshot
+    ) -> AsyncIterator[_T]:
+        """Items of `chunks`, each produced on the service's threads; closes `view` at the end."""
+        try:
+            while (item := await self._run(next, chunks, None)) is not None:
+                yield item
+        except KvClosedError as e:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, f"the shard's store was closed mid-read: {e}") from None
+        finally:
+            view.close()
+
+    # -------------------------------------------------------------- routing and reads
+
+    async def ListShards(self, request: pb.ListShardsRequest, context: grpc.aio.ServicerContext) -> pb.ListShardsResponse:
+        table = self._node.assignments()
+        for ns in table.namespaces:
+            if ns.namespace == request.namespace:
+                return pb.ListShardsResponse(
+                    shards=[
+                        pb.ShardInfo(
+                            shard=s.shard,
+                            min_hash_inclusive=s.hash_range.min_hash_inclusive,
+                            max_hash_inclusive=s.hash_range.max_hash_inclusive,
+                            term=s.term,
+                            leader=s.leader,
+                            followers=list(s.followers),
+                        )
+                        for s in ns.shards
+                    ]
+                )
+        known = sorted(ns.namespace for ns in table.namespaces)
+        if not known:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this node has no shard assignments yet")
+        await context.abort(
+            grpc.StatusCode.NOT_FOUND, f"namespace {request.namespace!r} not found (this cluster has {known})"
+        )
+        raise AssertionError("context.abort returned")
+
+    async def SplitRanges(self, request: pb.SplitRangesRequest, context: grpc.aio.ServicerContext) -> pb.SplitRangesResponse:
+        try:
+            if request.max_rows < 1:
+                raise _invalid(f"max_rows must be positive, got {request.max_rows}")
+            ranges = _ranges(request.ranges) or [("", "")]
+            host = self._host(request.namespace, request.shard, leader=not request.allow_follower)
+            view = self._snapshot(host)
+            try:
+                pieces = await self._run(_split, view, ranges, request.max_rows)
+            finally:
+                view.close()
+        except _Refused as e:
+            await e.abort(context)
+        return pb.SplitRangesResponse(ranges=[pb.KeyRange(min_inclusive=a, max_exclusive=b) for a, b in pieces])
+
+    async def ScanArrow(self, request: pb.ScanRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ArrowChunk]:
+        try:
+            if request.ranges and request.keys:
+                raise _invalid("a scan reads ranges or keys, not both")
+            if request.batch_rows < 0:
+                raise _invalid(f"batch_rows must be >= 0, got {request.batch_rows}")
+            ranges = _ranges(request.ranges)
+            if not request.keys and not ranges:
+                ranges = [("", "")]
+            host = self._host(request.namespace, request.shard, leader=not request.allow_follower)
+            view = self._snapshot(host)
+            offset = ShardReader(view).applied_position.offset
+            chunks = _scan_chunks(view, ranges, list(request.keys), request.batch_rows or DEFAULT_SCAN_BATCH_ROWS)
+            sent = False
+            async for ipc in self._stream(chunks, view):
+                sent = True
+                yield pb.ArrowChunk(ipc=ipc, commit_offset=offset)
+            if not sent:  # the client still learns the snapshot's offset (and the schema)
+                empty = pa.RecordBatch.from_pylist([], schema=SCAN_SCHEMA)
+                yield pb.ArrowChunk(ipc=ipc_bytes(empty), commit_offset=offset)
+        except _Refused as e:
+            await e.abort(context)
+
+    # -------------------------------------------------------------- writes
+
+    async def StageArrow(self, request: pb.StageArrowRequest, context: grpc.aio.ServicerContext) -> pb.StageArrowResponse:
+        try:
+            path = self._staging.check(request.write_id, request.namespace, request.shard, request.part, request.chunk)
+            self._host(request.namespace, request.shard, leader=True)
+            rows = read_rows(request.ipc, "the staged rows")
+            _check_rows(rows, unique_keys=False)
+            await self._run(self._staging.put, path, request.ipc)
+        except _Refused as e:
+            await e.abort(context)
+        return pb.StageArrowResponse(rows=rows.num_rows)
+
+    async def DiscardStaged(self, request: pb.DiscardStagedRequest, context: grpc.aio.ServicerContext) -> pb.DiscardStagedResponse:
+        try:
+            await self._run(self._staging.drop, request.write_id)
+        except _Refused as e:
+            await e.abort(context)
+        return pb.DiscardStagedResponse()
+
+    async def WriteArrow(self, request: pb.WriteArrowRequest, context: grpc.aio.ServicerContext) -> pb.WriteArrowResponse:
+        try:
+            return await self._write(request)
+        except _Refused as e:
+            await e.abort(context)
+
+    async def _write(self, request: pb.WriteArrowRequest) -> pb.WriteArrowResponse:
+        ns, shard = request.namespace, request.shard
+        origin = None
+        if request.has_serial:
+            if not request.client_id or request.serial < 0:
+                raise _invalid("an exactly-once write needs a client_id and a serial >= 0")
+            origin = ClientSerial(request.client_id, request.serial)
+        replace = None
+        if request.replace:
+            replace = (request.replace_min_inclusive, request.replace_max_exclusive)
+            _check_range(*replace, "the replaced range")
+        which = request.WhichOneof("rows")
+        if which is None:
+            raise _invalid("the request carries no rows (ipc or staged)")
+        host = self._host(ns, shard, leader=True)
+        if origin is not None and self._already_applied(host.kv, origin):
+            # Published before: its staged rows may be gone already, so answer without them.
+            if which == "staged":
+                await self._run(self._staging.drop, request.staged.write_id, ns, shard)
+            return pb.WriteArrowResponse(offset=-1, duplicate=True)
+        if which == "ipc":
+            rows = read_rows(request.ipc, "the rows")
+        else:
+            rows = await self._run(self._staging.rows, request.staged.write_id, ns, shard, request.staged.parts)
+        _check_rows(rows, request.unique_keys)
+        payload = await self._run(write_payload, rows, self._node.now_ms(), origin, replace)
+        if len(payload) > MAX_ENTRY_BYTES:
+            raise _invalid(
+                f"the write is {len(payload)} bytes as one entry, above the limit of "
+                f"{MAX_ENTRY_BYTES} bytes; split it into smaller writes"
+            )
+        try:
+            result = await host.write(payload)
+        except NotLeaderError as e:
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION, f"shard {ns}/{shard}: {e}", e.leader_hint
+            ) from None
+        if which == "staged":
+            await self._run(self._staging.drop, request.staged.write_id, ns, shard)
+        return pb.WriteArrowResponse(offset=result.offset, duplicate=result.duplicate, rows=rows.num_rows)
+
+    @staticmethod
+    def _already_applied(kv: KvReader, origin: ClientSerial) -> bool:
+        raw = kv.get(serial_key(origin.client_id))
+        return raw is not None and origin.serial <= decode_serial_record(raw)[0]
+
+    # -------------------------------------------------------------- changes
+
+    async def GetOffsets(self, request: pb.GetOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.GetOffsetsResponse:
+        try:
+            host = self._host(request.namespace, request.shard, leader=not request.allow_follower)
+            view = self._snapshot(host)
+            try:
+                applied: LogPosition = ShardReader(view).applied_position
+                kept_after = change_log.changes_kept_after(view)
+            finally:
+                view.close()
+        except _Refused as e:
+            await e.abort(context)
+        return pb.GetOffsetsResponse(commit_offset=applied.offset, changes_kept_after=kept_after)
+
+    async def ReadChanges(self, request: pb.ReadChangesRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ArrowChunk]:
+        try:
+            start, end = request.start_offset_exclusive, request.end_offset_inclusive
+            if request.max_rows < 0:
+                raise _invalid(f"max_rows must be >= 0, got {request.max_rows}")
+            if end < start:
+                raise _invalid(f"end_offset_inclusive {end} is before start_offset_exclusive {start}")
+            host = self._host(request.namespace, request.shard, leader=False)
+            view = self._snapshot(host)
+            applied = ShardReader(view).applied_position.offset
+            kept_after = change_log.changes_kept_after(view)
+            if applied < end:
+                view.close()
+                raise _Refused(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"this replica of shard {request.namespace}/{request.shard} has applied up to "
+                    f"offset {applied}, not yet {end}",
+                    host.leader_hint(),
+                )
+            if start < kept_after:
+                view.close()
+                raise _Refused(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"the changes of shard {request.namespace}/{request.shard} up to offset "
+                    f"{kept_after} expired (retention {change_log.CHANGE_RETENTION_MS} ms); "
+                    f"changes after offset {start} were asked for",
+                )
+            chunks = _change_chunks(view, start, end, request.max_rows or DEFAULT_CHANGE_CHUNK_ROWS)
+            async for ipc, last in self._stream(chunks, view):
+                yield pb.ArrowChunk(ipc=ipc, commit_offset=last)
+        except _Refused as e:
+            await e.abort(context)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs quorumstore with its test dependencies and runs every test tier, fastest first:
+# unit, deterministic simulation, process (real servers on loopback), Spark (local mode).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+if ! command -v etcd >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  # The etcd peer's tests need Debian's etcd; install it where we may.
+  apt-get update -qq >/dev/null && apt-get install -y -qq etcd-server etcd-client >/dev/null
+fi
+export PYSPARK_PYTHON="$(python -c 'import sys; print(sys.executable)')"
+export PYSPARK_DRIVER_PYTHON="$PYSPARK_PYTHON"
+
+run_tier() {
+  local name=$1; shift
+  echo "=== $name ==="
+  local start=$SECONDS
+  python -m pytest -q -p no:cacheprovider "$@"
+  echo "=== $name: $((SECONDS - start)) s ==="
+}
+
+run_tier unit tests/unit
+run_tier simulation tests/simulation
+run_tier process tests/process
+run_tier spark tests/spark
