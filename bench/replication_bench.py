@@ -66,6 +66,9 @@ ONLINE_TIMEOUT_S = 60.0
 #: Failover writes all carry this partition key, so they all go to the one shard
 #: whose leader is killed (otherwise writes to the other shards would succeed at once).
 FAILOVER_PARTITION = "bench-failover"
+#: Oxia's own routing (each call to the shard's leader), which grpc-python clients must
+#: ask for: quorumstore otherwise relays their calls through the node they asked.
+LEADER_ROUTING = (("qs-routing", "leader"),)
 
 
 # ---------------------------------------------------------------------- quorumstore
@@ -219,7 +222,8 @@ class QuorumstoreCluster:
 class PlainOxiaClient:
     """quorumstore without client-side batching: each put is one unary Oxia `Write`.
 
-    Routes with the shard map from `GetShardAssignments` (XXH3, as the server does).
+    Routes with the shard map from `GetShardAssignments` (XXH3, as the server does), in
+    Oxia's leader routing.
     A failed put re-fetches the map in the background and is raised: retrying is the
     caller's decision, as with EtcdClient.
     """
@@ -239,7 +243,7 @@ class PlainOxiaClient:
     async def refresh(self) -> None:
         for address in self._nodes:
             request = oxia_pb.ShardAssignmentsRequest(namespace="default")
-            call = self._stub(address).GetShardAssignments(request)
+            call = self._stub(address).GetShardAssignments(request, metadata=LEADER_ROUTING)
             try:
                 message = await asyncio.wait_for(call.read(), 2.0)
             except (grpc.aio.AioRpcError, TimeoutError):
@@ -265,7 +269,9 @@ class PlainOxiaClient:
             shard=shard, puts=[oxia_pb.PutRequest(key=k, value=value, partition_key=partition_key)]
         )
         try:
-            response = await self._stub(leader).Write(request, timeout=self._timeout_s)
+            response = await self._stub(leader).Write(
+                request, timeout=self._timeout_s, metadata=LEADER_ROUTING
+            )
         except grpc.aio.AioRpcError:
             self._refresh_soon()
             raise

@@ -246,6 +246,9 @@ def _format_status(status: "object") -> str:
     return "\n".join(lines)
 
 
+format_status = _format_status  # public name: quorumstore.spark's status() prints the same table
+
+
 def _run_status(args: argparse.Namespace) -> None:
     print(_format_status(_fetch_status(args.coordinator)))
 

@@ -406,9 +406,14 @@ class DataClient:
         origin: ClientSerial,
         replace: tuple[str, str] | None = None,
         unique_keys: bool = False,
+        validate_only: bool = False,
     ) -> WriteResult:
-        """Publishes staged (part, chunks, rows) as ONE entry, exactly once per `origin`."""
+        """Publishes staged (part, chunks, rows) as ONE entry, exactly once per `origin`.
+
+        With `validate_only` the leader checks that it would succeed and writes nothing.
+        """
         request = self._write_request(shard_id, origin, replace, unique_keys)
+        request.validate_only = validate_only
         request.staged.CopyFrom(
             pb.StagedRows(
                 write_id=write_id,

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -59,11 +60,17 @@ class PollAbort(AssertionError):
 
 
 def poll_until(
-    condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = _POLL_INTERVAL_S
+    condition: Callable[[], T | None],
+    timeout_s: float,
+    what: str,
+    *,
+    describe: Callable[[], str] | None = None,
+    interval_s: float = _POLL_INTERVAL_S,
 ) -> T:
     """Calls `condition` until it returns something truthy (returned) or `timeout_s` passes.
 
-    Exceptions from `condition` count as "not yet"; the last one is quoted on timeout.
+    Exceptions from `condition` count as "not yet"; the last one is quoted on timeout,
+    with `describe()` (the state at that moment) if given.
     """
     deadline = time.monotonic() + timeout_s
     last_error: BaseException | None = None
@@ -78,6 +85,11 @@ def poll_until(
             last_error = e
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_error!r})" if last_error is not None else ""
+            if describe is not None:
+                try:
+                    detail += f"\nstate: {describe()}"
+                except Exception as e:  # noqa: BLE001 - best effort
+                    detail += f"\nstate: unavailable ({e!r})"
             raise PollTimeout(f"timed out after {timeout_s:.1f} s waiting for {what}{detail}")
         time.sleep(interval_s)
 
@@ -149,28 +161,8 @@ class ManagedProcess:
 # ------------------------------------------------------------------ the oxia client
 
 
-class _NoBarrier:
-    def wait(self, timeout: float | None = None) -> int:
-        return 0
-
-
-def open_oxia_client(address: str) -> oxia.Client:
-    """The official client, made to follow every shard-assignment update.
-
-    oxia 0.2.1's ServiceDiscovery waits on a two-party `threading.Barrier` after *every*
-    assignment update it parses, but only the constructor ever meets it there: the
-    second update after the first one is parsed and then blocks the discovery thread
-    forever, so a client never learns of a later leader change. Once the constructor
-    has passed the barrier (first assignments received) it is no longer needed, so it
-    is replaced by a no-op. Nothing else of the client is touched.
-    """
-    client = oxia.Client(address)
-    client._service_discovery._init_barrier = _NoBarrier()  # type: ignore[attr-defined]
-    return client
-
-
 def close_in_background(client: oxia.Client) -> None:
-    """Closes a client without waiting (its discovery thread may sit in a back-off sleep)."""
+    """Closes a client without waiting for it (its discovery thread may be in a back-off sleep)."""
 
     def close() -> None:
         try:
@@ -237,12 +229,12 @@ class LocalCluster:
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> pb.ClusterStatus:
-        """Starts every node, then the coordinator; returns once all shards have a leader."""
+        """Starts every node and the coordinator at once; returns once all shards have a leader."""
         for node in self.nodes:
             self._processes[node].start()
+        self.coordinator.start()  # it keeps trying to reach nodes that are still starting
         for node in self.nodes:
             self._wait_node_serving(node)
-        self.coordinator.start()
         status = self.wait_online()
         self._hash_ranges = sorted(
             HashRange(m.shard, m.hash_range.min_hash_inclusive, m.hash_range.max_hash_inclusive)
@@ -362,7 +354,7 @@ class LocalCluster:
             )
             return status if ok else None
 
-        return poll_until(online, timeout_s, "every shard to be online")
+        return poll_until(online, timeout_s, "every shard to be online", describe=lambda: str(self.status().metadata))
 
     def wait_new_leader(self, shard: int, not_on: str, after_term: int, timeout_s: float = ONLINE_TIMEOUT_S) -> tuple[str, int]:
         """Waits for a leader of `shard` other than `not_on`, in a term after `after_term`."""
@@ -373,7 +365,9 @@ class LocalCluster:
                 return m.leader, m.term
             return None
 
-        return poll_until(elected, timeout_s, f"a new leader of shard {shard} (not {not_on})")
+        return poll_until(
+            elected, timeout_s, f"a new leader of shard {shard} (not {not_on})", describe=lambda: self.describe_shard(shard)
+        )
 
     def wait_following(self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S) -> pb.GetStatusResponse:
         """Waits until `node` follows the current leader of `shard` in the leader's term."""
@@ -388,7 +382,9 @@ class LocalCluster:
                 return mine
             return None
 
-        return poll_until(following, timeout_s, f"{node} to follow the leader of shard {shard}")
+        return poll_until(
+            following, timeout_s, f"{node} to follow the leader of shard {shard}", describe=lambda: self.describe_shard(shard)
+        )
 
     def wait_caught_up(self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S) -> tuple[pb.GetStatusResponse, pb.GetStatusResponse]:
         """Waits (with no writes running) until `node`'s replica has the leader's head and commit.
@@ -409,7 +405,35 @@ class LocalCluster:
             )
             return (lead, mine) if same else None
 
-        return poll_until(caught_up, timeout_s, f"{node} to converge with the leader of shard {shard}")
+        return poll_until(
+            caught_up, timeout_s, f"{node} to converge with the leader of shard {shard}", describe=lambda: self.describe_shard(shard)
+        )
+
+    def describe_shard(self, shard: int) -> str:
+        """One line per replica of `shard` (role, term, head, commit) plus the coordinator's view."""
+        lines = []
+        try:
+            m = self.shard_metadata(shard)
+            lines.append(
+                f"coordinator: term {m.term} leader {m.leader or '-'} state {pb.ShardState.Name(m.status)} "
+                f"eligible {list(m.eligible)} known commit {m.last_known_commit_offset}"
+            )
+        except Exception as e:  # noqa: BLE001 - best effort
+            lines.append(f"coordinator: unavailable ({e!r})")
+        for node in self.nodes:
+            if not self.is_alive(node):
+                lines.append(f"{node}: down")
+                continue
+            try:
+                s = self.node_status(node, shard)
+                followers = ", ".join(f"{f.name}@{f.acked_offset}" for f in s.followers)
+                lines.append(
+                    f"{node}: {pb.ReplicaRole.Name(s.role)} term {s.term} head {s.head.term}/{s.head.offset} "
+                    f"commit {s.commit_offset}" + (f" followers [{followers}]" if followers else "")
+                )
+            except Exception as e:  # noqa: BLE001 - best effort
+                lines.append(f"{node}: status unavailable ({e!r})")
+        return "\n  ".join(["", *lines])
 
     def shard_of(self, key: str) -> int:
         """The shard the Oxia client routes `key` to (xxh64 of the key, low 32 bits)."""
@@ -420,8 +444,12 @@ class LocalCluster:
         raise KeyError(f"no shard covers hash {h:#010x} of {key!r}")
 
     def open_client(self, node: str | None = None) -> oxia.Client:
-        """An official Oxia client bootstrapped from `node` (default: the first live node)."""
-        return open_oxia_client(node or self.live_nodes()[0])
+        """The official Oxia client (unmodified), bootstrapped from `node` (default: a live node).
+
+        oxia 0.2.1 cannot follow a changing shard map, so nodes serve it in gateway mode
+        (quorumstore.node.forwarding): its bootstrap node relays each call to the leader.
+        """
+        return oxia.Client(node or self.live_nodes()[0])
 
     def log_tails(self, chars: int = 2500) -> str:
         parts = [f"----- {p.name} ({p.log_path.name}) -----\n{p.log_tail(chars)}" for p in [self.coordinator, *self._processes.values()]]
@@ -432,6 +460,9 @@ class LocalCluster:
 
 #: Concurrent writers of a WriteLoad, unless told otherwise.
 WRITERS = 8
+#: Puts per second each writer issues at most: a steady load that leaves CPU for the
+#: cluster's own work (restarts, elections) on a small machine.
+WRITES_PER_SECOND = 15.0
 #: A writer retrying a failed put waits this long first (a back-off, not a poll).
 RETRY_BACKOFF_S = 0.05
 #: A writer whose puts have failed this long reopens its client on another live node.
@@ -454,16 +485,17 @@ class WriterStuck(AssertionError):
 class WriteLoad:
     """`clients` threads, each with its own official Oxia client, writing distinct keys.
 
-    Writer i puts `/load/w<i>-<seq>` with a value unique to this run and records every
-    acknowledged put (key, value, shard, when it was issued, when acknowledged). A
+    Writer i puts `/load/w<i>-<seq>` (at most `rate` a second) with a value unique to
+    this run and records every acknowledged put (key, value, shard, when it was issued, when acknowledged). A
     failed put has an unknown outcome: the writer retries the same key with the same
     value. A writer whose bootstrap node died, or whose puts keep failing, reopens its
     client on a live node, as a client behind a load balancer would.
     """
 
-    def __init__(self, cluster: LocalCluster, clients: int = WRITERS):
+    def __init__(self, cluster: LocalCluster, clients: int = WRITERS, rate: float = WRITES_PER_SECOND):
         self.cluster = cluster
         self.clients = clients
+        self.interval_s = 1.0 / rate
         self.run_id = uuid.uuid4().hex[:8]
         self.acked: list[AckedWrite] = []
         self.failures = 0
@@ -485,6 +517,10 @@ class WriteLoad:
             thread = threading.Thread(target=self._write_loop, args=(i,), name=f"writer-{i}", daemon=True)
             self._threads.append(thread)
             thread.start()
+
+    def stop_nowait(self) -> None:
+        """Asks the writers to stop (teardown: whatever they are doing, they are daemons)."""
+        self._stop.set()
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stops the writers; fails if one is stuck in a put (the oxia client has no timeout)."""
@@ -547,6 +583,7 @@ class WriteLoad:
                 with self._lock:
                     self.acked.append(write)
                 seq += 1
+                self._stop.wait(max(0.0, started + self.interval_s - acked))  # pacing
         finally:
             close_in_background(client)
 
@@ -586,11 +623,11 @@ class WriteLoad:
         points = [start, *times, end]
         return max(b - a for a, b in zip(points, points[1:]))
 
-    def verify(self) -> str:
-        """Reads back every acknowledged write with a fresh official client; returns a summary.
+    def verify(self, readers: int = 4) -> str:
+        """Reads back every acknowledged write with fresh official clients; returns a summary.
 
-        Each key is read with `get` (its value must be the acknowledged one) and all of
-        them once more with a range scan across shards.
+        Each key is read with `get` (its value must be the acknowledged one; `readers`
+        clients in parallel) and all of them once more with one range scan across shards.
         """
         with self._lock:
             acked = list(self.acked)
@@ -598,22 +635,30 @@ class WriteLoad:
         started = time.monotonic()
         missing: list[str] = []
         wrong: list[str] = []
+
+        def read_back(index: int) -> None:
+            part = acked[index::readers]
+            live = self.cluster.live_nodes()
+            with self.cluster.open_client(live[index % len(live)]) as client:
+                for write in part:
+                    try:
+                        _, value, _ = client.get(write.key)
+                    except oxia.ex.KeyNotFound:
+                        missing.append(write.key)
+                        continue
+                    if value != write.value:
+                        wrong.append(f"{write.key}: {value!r} != {write.value!r}")
+
+        with ThreadPoolExecutor(readers) as pool:
+            list(pool.map(read_back, range(readers)))
         with self.cluster.open_client() as client:
-            for write in acked:
-                try:
-                    _, value, _ = client.get(write.key)
-                except oxia.ex.KeyNotFound:
-                    missing.append(write.key)
-                    continue
-                if value != write.value:
-                    wrong.append(f"{write.key}: {value!r} != {write.value!r}")
             scanned = {key: value for key, value, _ in client.range_scan("/load/", "/load/~")}
-        assert not missing, f"{len(missing)} of {len(acked)} acknowledged writes are lost, e.g. {missing[:5]}"
-        assert not wrong, f"{len(wrong)} acknowledged writes have another value, e.g. {wrong[:5]}"
+        assert not missing, f"{len(missing)} of {len(acked)} acknowledged writes are lost, e.g. {sorted(missing)[:5]}"
+        assert not wrong, f"{len(wrong)} acknowledged writes have another value, e.g. {sorted(wrong)[:5]}"
         disagree = [w.key for w in acked if scanned.get(w.key) != w.value]
         assert not disagree, f"the range scan disagrees with get on {len(disagree)} keys, e.g. {disagree[:5]}"
         return (
-            f"verified {len(acked)} acknowledged writes by get and range scan ({len(scanned)} keys) "
+            f"verified {len(acked)} acknowledged writes by get and by range scan ({len(scanned)} keys) "
             f"in {time.monotonic() - started:.1f} s; {self.failures} put attempts had failed"
         )
 
@@ -659,15 +704,15 @@ def write_load() -> Iterator[Callable[..., WriteLoad]]:
     """A factory of started `WriteLoad`s on a cluster; any still running are stopped at teardown."""
     loads: list[WriteLoad] = []
 
-    def start(cluster: LocalCluster, clients: int = WRITERS) -> WriteLoad:
-        load = WriteLoad(cluster, clients)
+    def start(cluster: LocalCluster, clients: int = WRITERS, rate: float = WRITES_PER_SECOND) -> WriteLoad:
+        load = WriteLoad(cluster, clients, rate)
         loads.append(load)
         load.start()
         return load
 
     yield start
     for load in loads:
-        load._stop.set()
+        load.stop_nowait()
 
 
 # ------------------------------------------------------------------ measurements

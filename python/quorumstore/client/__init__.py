@@ -18,7 +18,8 @@ from quorumstore.client.errors import (
     SessionDoesNotExist,
     UnexpectedVersionId,
 )
-from quorumstore.client.sync_client import Client
+from quorumstore.client.notifications import Notification, NotificationType, Subscription
+from quorumstore.client.sync_client import Client, Notifications
 from quorumstore.client.types import (
     EXPECTED_RECORD_DOES_NOT_EXIST,
     ComparisonType,
@@ -37,11 +38,15 @@ __all__ = [
     "KeyNotFound",
     "NamespaceNotFound",
     "NotSupported",
+    "Notification",
+    "NotificationType",
+    "Notifications",
     "PutManyData",
     "QuorumStoreError",
     "Record",
     "ServiceUnavailable",
     "SessionDoesNotExist",
+    "Subscription",
     "UnexpectedVersionId",
     "Version",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Self
 
@@ -27,6 +27,7 @@ from quorumstore.client.batcher import Batcher, BatchLimits
 from quorumstore.client.calls import ShardCaller
 from quorumstore.client.discovery import Channels, Directory
 from quorumstore.client.errors import ClientClosed, InvalidRequest, KeyNotFound
+from quorumstore.client.notifications import Subscription
 from quorumstore.client.reads import GetOp, ReadSender
 from quorumstore.client.scans import (
     merge_sorted,
@@ -73,12 +74,14 @@ class AsyncClient:
     Open it with `async with AsyncClient(address) as client` (or `await connect()`
     and `await close()`); `address` is any node's `host:port`.
 
-    Options:
+    Options (docs/client.md has the details):
       namespace: the namespace to use (default "default").
-      linger_ms: how long a batch waits for more operations after its first one
-        (0: until the event loop has run every task that is ready).
-      max_batch_ops, max_batch_bytes: a batch closes when it reaches either.
-      max_inflight_batches: batches of each kind (write, read) in flight per shard.
+      linger_ms: how long a partial batch waits for more operations: until none
+        arrived for this long, at most 4x after its first (0: until the event loop
+        has run every ready task).
+      max_batch_ops, max_batch_bytes: a batch is full at either.
+      max_inflight_batches: batches of each kind (write, read) in flight per shard;
+        of them, one partial batch at a time (full ones use the rest).
       request_timeout_s: how long an operation is retried across leader changes and
         outages before it fails with ServiceUnavailable.
       connect_timeout_s: how long `connect` waits for the first shard map.
@@ -94,7 +97,7 @@ class AsyncClient:
         linger_ms: float = 1.0,
         max_batch_ops: int = 1000,
         max_batch_bytes: int = 1 << 20,
-        max_inflight_batches: int = 8,
+        max_inflight_batches: int = 4,
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 30.0,
         exactly_once: bool = True,
@@ -111,6 +114,9 @@ class AsyncClient:
                 raise ValueError(f"{name} must be positive, got {number}")
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"address must be host:port, got {address!r}")
         self.address = address
         self.namespace = namespace
         #: This instance's identity in exactly-once serials (a random UUID).
@@ -455,6 +461,36 @@ class AsyncClient:
             *(shard_table(s) for s in self._shards(directory, partition_key))
         )
         return arrow.merge_tables(tables)
+
+    # ------------------------------------------------------------ notifications
+
+    def notifications(
+        self,
+        shard: int | None = None,
+        *,
+        start_offset_exclusive: int | Mapping[int, int] | None = None,
+    ) -> Subscription:
+        """Follows the changes of one shard, or of all shards.
+
+        `async with client.notifications() as changes: async for n in changes: ...`
+        (entering waits until every shard's stream has started, so every change
+        committed after it is delivered).
+
+        start_offset_exclusive: resume after this offset (an int, with `shard`), or
+          after these offsets per shard (a mapping, e.g. an earlier subscription's
+          `offsets`); shards without one start at their current end.
+        """
+        directory = self._ready()
+        assert self._caller is not None
+        if isinstance(start_offset_exclusive, int):
+            if shard is None:
+                raise ValueError(
+                    "an int start_offset_exclusive needs a shard: offsets are per shard "
+                    "(pass a mapping of shard to offset to resume several shards)"
+                )
+            start_offset_exclusive = {shard: start_offset_exclusive}
+        shards = directory.map.shards if shard is None else [shard]
+        return Subscription(self._caller, shards, start_offset_exclusive or {})
 
     # ------------------------------------------------------------ helpers
 

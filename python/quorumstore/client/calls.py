@@ -72,7 +72,8 @@ class ShardCaller:
         """The messages of a server stream, re-opened after transient failures.
 
         `open_stream` is called again for each attempt, so it must resume where the
-        messages already yielded end. The deadline restarts whenever a message arrives.
+        messages already yielded end. An attempt that delivered messages before it
+        failed restarts the deadline: only failures without progress run it out.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
@@ -83,13 +84,16 @@ class ShardCaller:
             if leader is None:
                 reason = f"shard {shard} has no leader (an election is running)"
             else:
+                progressed = False
                 try:
                     async for message in open_stream(self._channels.stub(leader)):
+                        progressed = True
                         yield message
-                        deadline = loop.time() + self._timeout_s
-                        backoff = Backoff()
                     return
                 except grpc.aio.AioRpcError as e:
+                    if progressed:
+                        deadline = loop.time() + self._timeout_s
+                        backoff = Backoff()
                     failure = classify(e)
                     if not isinstance(failure, Transient):
                         raise failure from None

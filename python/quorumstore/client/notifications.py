@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import NamedTuple, Self
 
@@ -74,36 +75,22 @@ class Subscription:
         #: Per shard, the offset of the last entry delivered (or the start position).
         self.offsets: dict[int, int | None] = {s: start_offsets.get(s) for s in shards}
         self._caller = caller
-        self._queue: asyncio.Queue[list[Notification] | BaseException] = asyncio.Queue(
-            _QUEUE_SIZE
-        )
-        self._pending: list[Notification] = []
-        self._tasks = [asyncio.create_task(self._follow(shard)) for shard in shards]
-        self._ready = asyncio.Event()
+        self._queue: asyncio.Queue[list[Notification] | BaseException] = asyncio.Queue(_QUEUE_SIZE)
+        self._pending: deque[Notification] = deque()
         self._positioned: set[int] = set()
+        self._ready = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._tasks = [asyncio.create_task(self._follow(shard)) for shard in shards]
 
     async def wait_ready(self) -> Self:
         """Returns once every shard's stream has told its start position.
 
-        Changes made after this are sure to be delivered.
+        Every change committed after this is delivered.
         """
-        waiter = asyncio.create_task(self._ready.wait())
-        failed = asyncio.create_task(self._first_failure())
-        try:
-            await asyncio.wait({waiter, failed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            failed.cancel()
-        if failed.done() and not failed.cancelled() and failed.result() is not None:
-            raise failed.result()  # type: ignore[misc]
+        await self._ready.wait()
+        if self._failure is not None:
+            raise self._failure
         return self
-
-    async def _first_failure(self) -> BaseException | None:
-        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                return task.exception()
-        return None
 
     async def _follow(self, shard: int) -> None:
         def open_stream(stub: OxiaClientStub) -> AsyncIterator[pb.NotificationBatch]:
@@ -122,19 +109,29 @@ class Subscription:
                 if batch.notifications:
                     await self._queue.put(_notifications(batch))
         except Exception as e:  # noqa: BLE001 - handed to the reader
+            self._failure = e
+            self._ready.set()
             await self._queue.put(e)
+
+    async def next_chunk(self) -> list[Notification]:
+        """The notifications received so far (at least one; waits for it)."""
+        if self._pending:
+            chunk = list(self._pending)
+            self._pending.clear()
+            return chunk
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            await self.aclose()
+            raise item
+        return item
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> Notification:
-        while not self._pending:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                await self.aclose()
-                raise item
-            self._pending = item
-        return self._pending.pop(0)
+        if not self._pending:
+            self._pending.extend(await self.next_chunk())
+        return self._pending.popleft()
 
     async def aclose(self) -> None:
         """Stops following the shards."""

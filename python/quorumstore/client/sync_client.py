@@ -12,10 +12,8 @@ thread pool of callers fast.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -23,7 +21,8 @@ import pyarrow as pa
 
 from quorumstore.client.arrow import PutManyData
 from quorumstore.client.async_client import AsyncClient
-from quorumstore.client.errors import ClientClosed
+from quorumstore.client.loop_thread import LoopThread
+from quorumstore.client.notifications import Notification, Subscription
 from quorumstore.client.types import ComparisonType, Record, Version
 
 T = TypeVar("T")
@@ -38,16 +37,11 @@ class Client:
 
     def __init__(self, address: str, **options: Any) -> None:
         self._async = AsyncClient(address, **options)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="quorumstore-client", daemon=True
-        )
-        self._thread.start()
-        self._closed = False
+        self._runner = LoopThread("quorumstore-client")
         try:
-            self._call(self._async.connect())
+            self._runner.call(self._async.connect())
         except BaseException:
-            self._stop_loop()
+            self._runner.stop()
             raise
 
     @property
@@ -55,22 +49,20 @@ class Client:
         """This instance's identity in exactly-once serials."""
         return self._async.client_id
 
+    @property
+    def closed(self) -> bool:
+        return self._runner.stopped
+
     # ------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
         """Sends what is queued, waits for in-flight batches, stops the client's thread."""
-        if self._closed:
+        if self._runner.stopped:
             return
         try:
-            self._call(self._async.close())
+            self._runner.call(self._async.close())
         finally:
-            self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._closed = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+            self._runner.stop()
 
     def __enter__(self) -> Self:
         return self
@@ -83,45 +75,8 @@ class Client:
     ) -> None:
         self.close()
 
-    # ------------------------------------------------------------ hand-off
-
-    def _check_caller(self) -> None:
-        if self._closed:
-            raise ClientClosed("this client was closed; open a new one")
-        if threading.current_thread() is self._thread:
-            raise RuntimeError(
-                "a blocking Client call from its own event loop would deadlock; "
-                "use AsyncClient in async code"
-            )
-
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        self._check_caller()
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
-
-    def _submit(self, submit: Callable[..., asyncio.Future[T]], *args: object) -> T:
-        """Runs `submit(*args)` on the loop and waits for the future it returns.
-
-        Cheaper than a coroutine per call (no Task): the hot path of put and get.
-        """
-        self._check_caller()
-        outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def copy(future: asyncio.Future[T]) -> None:
-            if future.cancelled():
-                outcome.cancel()
-            elif (error := future.exception()) is not None:
-                outcome.set_exception(error)
-            else:
-                outcome.set_result(future.result())
-
-        def start() -> None:
-            try:
-                submit(*args).add_done_callback(copy)
-            except BaseException as e:  # noqa: BLE001 - reported to the calling thread
-                outcome.set_exception(e)
-
-        self._loop.call_soon_threadsafe(start)
-        return outcome.result()
+        return self._runner.call(coroutine)
 
     # ------------------------------------------------------------ writes
 
@@ -134,7 +89,9 @@ class Client:
         partition_key: str | None = None,
     ) -> Version:
         """Stores `value` under `key`; returns the new version (see AsyncClient.put)."""
-        return self._submit(self._async.submit_put, key, value, expected_version_id, partition_key)
+        return self._runner.submit(
+            self._async.submit_put, key, value, expected_version_id, partition_key
+        )
 
     def delete(
         self,
@@ -176,7 +133,7 @@ class Client:
     ) -> Record:
         """(key, value, version) of `key`; raises KeyNotFound (see AsyncClient.get)."""
         if comparison == ComparisonType.EQUAL:
-            return self._submit(self._async.submit_get, key, partition_key, include_value)
+            return self._runner.submit(self._async.submit_get, key, partition_key, include_value)
         return self._call(
             self._async.get(
                 key,
@@ -209,8 +166,32 @@ class Client:
                     return
                 yield from chunk
         finally:
-            if not self._closed:
+            if not self.closed:
                 self._call(chunks.aclose())  # type: ignore[attr-defined]
+
+    def notifications(
+        self,
+        shard: int | None = None,
+        *,
+        start_offset_exclusive: int | Mapping[int, int] | None = None,
+    ) -> Notifications:
+        """Follows the changes of one shard or all shards (see AsyncClient.notifications).
+
+        Returns once every shard's stream has started: every change committed after
+        that is delivered. `with client.notifications() as changes: for n in changes:`.
+        """
+
+        async def subscribe() -> Subscription:
+            subscription = self._async.notifications(
+                shard, start_offset_exclusive=start_offset_exclusive
+            )
+            try:
+                return await subscription.wait_ready()
+            except BaseException:
+                await subscription.aclose()
+                raise
+
+        return Notifications(self, self._call(subscribe()))
 
     def scan(
         self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
@@ -219,6 +200,38 @@ class Client:
         return self._call(
             self._async.scan(min_key_inclusive, max_key_exclusive, partition_key=partition_key)
         )
+
+
+class Notifications:
+    """A blocking iterator of `Notification`s (see AsyncClient.notifications); close it."""
+
+    def __init__(self, client: Client, subscription: Subscription) -> None:
+        self._client = client
+        self._subscription = subscription
+        self._pending: deque[Notification] = deque()
+
+    @property
+    def offsets(self) -> dict[int, int | None]:
+        """Per shard, the last offset delivered: resume with `start_offset_exclusive=`."""
+        return dict(self._subscription.offsets)
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> Notification:
+        if not self._pending:
+            self._pending.extend(self._client._call(self._subscription.next_chunk()))
+        return self._pending.popleft()
+
+    def close(self) -> None:
+        if not self._client.closed:
+            self._client._call(self._subscription.aclose())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 async def _next_chunk(chunks: AsyncIterator[list[Record]]) -> list[Record]:

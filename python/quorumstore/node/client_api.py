@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import aclosing
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
@@ -362,7 +364,9 @@ def _origin(context: grpc.aio.ServicerContext) -> ClientSerial | None:
             if client_id is None
             else (CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY)
         )
-        raise _invalid(f"metadata {given} is given without {missing}; an exactly-once write needs both")
+        raise _invalid(
+            f"metadata {given} is given without {missing}; an exactly-once write needs both"
+        )
     if not client_id or len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
         raise _invalid(
             f"metadata {CLIENT_ID_METADATA_KEY} must be 1 to {MAX_CLIENT_ID_BYTES} bytes, "
@@ -379,9 +383,9 @@ def _relay_error(address: str, shard: int, error: grpc.aio.AioRpcError) -> Reque
     """The status a relayed call failed with, as this node's answer to the client."""
     details = error.details() or ""
     hint = tuple(
-        (m.key, m.value)
-        for m in error.trailing_metadata() or ()
-        if m.key == LEADER_HINT_METADATA_KEY and isinstance(m.value, str)
+        (key, value)
+        for key, value in error.trailing_metadata() or ()
+        if key == LEADER_HINT_METADATA_KEY and isinstance(value, str)
     )
     if details.startswith("node is not leader"):
         return RequestError(OxiaCode.NODE_IS_NOT_LEADER, details, hint)
@@ -761,10 +765,10 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             target = self._route(request.shard if request.HasField("shard") else None, context)
             self._check_gets(request.gets)
             if isinstance(target, str):
-                async for relayed in self._relay_stream(
-                    target, "Read", request, request.shard, context
-                ):
-                    yield relayed
+                relayed = self._relay_stream(target, "Read", request, request.shard, context)
+                async with aclosing(relayed):
+                    async for response in relayed:
+                        yield response
                 return
         except RequestError as e:
             await e.abort(context)
@@ -787,10 +791,10 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             target = self._route(request.shard if request.HasField("shard") else None, context)
             self._check_scan(request)
             if isinstance(target, str):
-                async for relayed in self._relay_stream(
-                    target, "List", request, request.shard, context
-                ):
-                    yield relayed
+                relayed = self._relay_stream(target, "List", request, request.shard, context)
+                async with aclosing(relayed):
+                    async for response in relayed:
+                        yield response
                 return
         except RequestError as e:
             await e.abort(context)
@@ -815,10 +819,10 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             target = self._route(request.shard if request.HasField("shard") else None, context)
             self._check_scan(request)
             if isinstance(target, str):
-                async for relayed in self._relay_stream(
-                    target, "RangeScan", request, request.shard, context
-                ):
-                    yield relayed
+                relayed = self._relay_stream(target, "RangeScan", request, request.shard, context)
+                async with aclosing(relayed):
+                    async for response in relayed:
+                        yield response
                 return
         except RequestError as e:
             await e.abort(context)
@@ -926,13 +930,13 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             try:
                 hosts = self._hosts()
                 shards = {id(host): shard for shard, host in hosts}
-
-                async def close(host: Any, session_id: int) -> None:
-                    await self._close_session(host, shards[id(host)], session_id)
-
+                close = functools.partial(self._close_expired, shards)
                 self._sessions.expire([host for _, host in hosts], close)
-            except Exception:  # noqa: BLE001 - the sweep must go on; the next one retries
+            except Exception:  # the sweep must go on; the next one retries
                 log.exception("session expiry sweep failed")
+
+    async def _close_expired(self, shards: dict[int, int], host: Any, session_id: int) -> None:
+        await self._close_session(host, shards[id(host)], session_id)
 
     # --------------------------------------------------- streams of changes
 
@@ -948,10 +952,12 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             target = self._route(request.shard, context)
             self._check_key(request.key, "key")
             if isinstance(target, str):
-                async for relayed in self._relay_stream(
+                relayed = self._relay_stream(
                     target, "GetSequenceUpdates", request, request.shard, context
-                ):
-                    yield relayed
+                )
+                async with aclosing(relayed):
+                    async for response in relayed:
+                        yield response
                 return
             last_sent: str | None = None
             seen_offset: int | None = None
@@ -988,10 +994,10 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             if start is not None and start < -1:
                 raise _invalid(f"start_offset_exclusive is {start}; offsets start at -1")
             if isinstance(target, str):
-                async for relayed in self._relay_stream(
-                    target, "GetNotifications", request, shard, context
-                ):
-                    yield relayed
+                relayed = self._relay_stream(target, "GetNotifications", request, shard, context)
+                async with aclosing(relayed):
+                    async for response in relayed:
+                        yield response
                 return
             reader = target.reader()
             if start is None:

@@ -550,7 +550,7 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
         host = self._host(ns, shard, leader=True)
         if origin is not None and self._already_applied(host.kv, origin):
             # Published before: its staged rows may be gone already, so answer without them.
-            if which == "staged":
+            if which == "staged" and not request.validate_only:
                 await self._run(self._staging.drop, request.staged.write_id, ns, shard)
             return pb.WriteArrowResponse(offset=-1, duplicate=True)
         if which == "ipc":
@@ -564,6 +564,8 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                 f"the write is {len(payload)} bytes as one entry, above the limit of "
                 f"{MAX_ENTRY_BYTES} bytes; split it into smaller writes"
             )
+        if request.validate_only:
+            return pb.WriteArrowResponse(offset=-1, rows=rows.num_rows)
         try:
             result = await host.write(payload)
         except NotLeaderError as e:

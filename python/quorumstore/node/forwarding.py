@@ -61,7 +61,9 @@ def routing_of(context: grpc.aio.ServicerContext) -> Routing:
 
 def may_relay(context: grpc.aio.ServicerContext) -> bool:
     """Whether a call for a shard led elsewhere is relayed rather than refused."""
-    return FORWARDED_METADATA_KEY not in _metadata(context) and routing_of(context) is Routing.GATEWAY
+    return (
+        FORWARDED_METADATA_KEY not in _metadata(context) and routing_of(context) is Routing.GATEWAY
+    )
 
 
 def relay_metadata(context: grpc.aio.ServicerContext) -> Sequence[tuple[str, str]]:

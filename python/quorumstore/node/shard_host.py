@@ -29,7 +29,8 @@ from quorumstore.storage.write_batch import WriteBatchBuilder
 log = logging.getLogger(__name__)
 
 _NOOP = WriteBatchBuilder().build(0)
-_APPLY_CHUNK_ENTRIES = 1024
+#: Committed entries applied per turn of the event loop (see `_apply_committed`).
+_APPLY_CHUNK_ENTRIES = 32
 _APPLY_CHUNK_BYTES = 64 * 1024 * 1024
 
 
@@ -250,17 +251,25 @@ class ShardHost:
         self._start_sync()
 
     def _apply_committed(self, commit_offset: int) -> None:
+        """Applies the next slice of committed entries; a longer backlog goes on next turn.
+
+        Applying costs milliseconds per entry, so a replica catching up thousands of
+        entries (after a restart, say) would otherwise hold the event loop for seconds:
+        no health report, Ack or client call would be served meanwhile, and the
+        coordinator would take the node for dead (and replace it if it leads).
+        """
         upto = min(commit_offset, self.wal.head.offset)
-        while True:
-            applied = self.machine.applied_position.offset
-            if upto <= applied:
-                return
-            entries = self.wal.read(applied + 1, min(_APPLY_CHUNK_ENTRIES, upto - applied), _APPLY_CHUNK_BYTES)
-            results = self.machine.apply(entries)
-            for entry, result in zip(entries, results):
-                future = self._pending.pop(entry.offset, None)
-                if future is not None and not future.done() and result is not None:
-                    future.set_result(result)
+        applied = self.machine.applied_position.offset
+        if upto <= applied:
+            return
+        entries = self.wal.read(applied + 1, min(_APPLY_CHUNK_ENTRIES, upto - applied), _APPLY_CHUNK_BYTES)
+        results = self.machine.apply(entries)
+        for entry, result in zip(entries, results):
+            future = self._pending.pop(entry.offset, None)
+            if future is not None and not future.done() and result is not None:
+                future.set_result(result)
+        if entries and entries[-1].offset < upto:
+            self._schedule_processing()
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}

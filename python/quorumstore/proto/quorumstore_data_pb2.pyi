@@ -105,7 +105,7 @@ class StagedRows(_message.Message):
     def __init__(self, write_id: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[StagedPart, _Mapping]]] = ...) -> None: ...
 
 class WriteArrowRequest(_message.Message):
-    __slots__ = ("namespace", "shard", "ipc", "staged", "client_id", "serial", "has_serial", "replace", "replace_min_inclusive", "replace_max_exclusive", "unique_keys")
+    __slots__ = ("namespace", "shard", "ipc", "staged", "client_id", "serial", "has_serial", "replace", "replace_min_inclusive", "replace_max_exclusive", "unique_keys", "validate_only")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     IPC_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class WriteArrowRequest(_message.Message):
     REPLACE_MIN_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     REPLACE_MAX_EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     UNIQUE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     ipc: bytes
@@ -128,7 +129,8 @@ class WriteArrowRequest(_message.Message):
     replace_min_inclusive: str
     replace_max_exclusive: str
     unique_keys: bool
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., ipc: _Optional[bytes] = ..., staged: _Optional[_Union[StagedRows, _Mapping]] = ..., client_id: _Optional[str] = ..., serial: _Optional[int] = ..., has_serial: _Optional[bool] = ..., replace: _Optional[bool] = ..., replace_min_inclusive: _Optional[str] = ..., replace_max_exclusive: _Optional[str] = ..., unique_keys: _Optional[bool] = ...) -> None: ...
+    validate_only: bool
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., ipc: _Optional[bytes] = ..., staged: _Optional[_Union[StagedRows, _Mapping]] = ..., client_id: _Optional[str] = ..., serial: _Optional[int] = ..., has_serial: _Optional[bool] = ..., replace: _Optional[bool] = ..., replace_min_inclusive: _Optional[str] = ..., replace_max_exclusive: _Optional[str] = ..., unique_keys: _Optional[bool] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class WriteArrowResponse(_message.Message):
     __slots__ = ("offset", "duplicate", "rows")

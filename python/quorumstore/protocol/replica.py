@@ -406,8 +406,18 @@ class ShardReplica:
                 if cursor.next_offset <= cursor.acked_offset:
                     cursor.next_offset = cursor.acked_offset + 1
             return
-        if cursor.state not in (CursorState.REPLICATE, CursorState.PROBE) or msg.follower_head.offset < cursor.acked_offset:
-            return  # a stale answer: a truncation or snapshot is under way, or the follower moved on
+        if cursor.state not in (CursorState.REPLICATE, CursorState.PROBE):
+            return  # a stale answer: a truncation or snapshot is under way
+        if msg.follower_head.offset < 0 <= cursor.acked_offset:
+            # An empty log, yet it acked entries in this term: the follower lost its data
+            # (a wiped data directory) and was fenced back into this term. Follow it anew,
+            # by snapshot; its old acks stay counted, as they were durable when made. Were
+            # this answer stale (sent just before a snapshot was installed), it would
+            # cost one needless snapshot, nothing more.
+            self._start_following(cursor.name, msg.follower_head)
+            return
+        if msg.follower_head.offset < cursor.acked_offset:
+            return  # a stale answer: the follower has moved on
         self._reconcile(cursor, msg.follower_head)
 
     def _on_truncate_response(self, msg: TruncateResponse) -> None:

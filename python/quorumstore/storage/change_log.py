@@ -74,8 +74,11 @@ CHANGES_SCHEMA = pa.schema(
         pa.field("operation", pa.int8(), nullable=False),
         # The value put; null for deletes.
         pa.field("value", pa.binary()),
-        # The record's version id after a put; null for deletes.
+        # The record after a put (its version); null for deletes.
         pa.field("version_id", pa.int64()),
+        pa.field("modifications_count", pa.int64()),
+        pa.field("created_ms", pa.int64()),
+        pa.field("modified_ms", pa.int64()),
         # DELETE_RANGE's exclusive end ("" or null: unbounded).
         pa.field("range_end", pa.string()),
         # ChangeEvent.
@@ -133,7 +136,10 @@ def entry_changes(
             pa.concat_arrays([pa.array(range_keys + deleted, pa.string()), written.column("key")]),
             int8s([(Op.DELETE_RANGE, n_ranges), (Op.DELETE, n_deleted), (Op.PUT, n_written)]),
             pa.concat_arrays([pa.nulls(n_removed, pa.binary()), written.column("value")]),
-            pa.concat_arrays([pa.nulls(n_removed, pa.int64()), written.column("version_id")]),
+            *(
+                pa.concat_arrays([pa.nulls(n_removed, pa.int64()), written.column(name)])
+                for name in ("version_id", "modifications_count", "created_ms", "modified_ms")
+            ),
             pa.concat_arrays(
                 [pa.array(range_ends, pa.string()), pa.nulls(n_deleted + n_written, pa.string())]
             ),

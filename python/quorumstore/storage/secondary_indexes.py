@@ -103,9 +103,7 @@ def scan(kv: KvReader, index_name: str, start: str, end: str) -> Iterator[bytes]
         yield _split(prefix, entry)[1]
 
 
-def ceiling(
-    kv: KvReader, index_name: str, key: str, *, strict: bool
-) -> tuple[bytes, bytes] | None:
+def ceiling(kv: KvReader, index_name: str, key: str, *, strict: bool) -> tuple[bytes, bytes] | None:
     """(encoded primary, encoded secondary) of the first entry whose secondary key is
     >= `key` (> when strict): the lowest primary key of the lowest such secondary key."""
     prefix = _index_prefix(index_name)

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition
-from quorumstore.storage import change_log
+from quorumstore.storage import change_log, secondary_indexes, sequences, sessions
 from quorumstore.storage.keys import (
     INTERNAL_PREFIX,
     USER_KEYS_END,
@@ -35,7 +35,6 @@ from quorumstore.storage.keys import (
     encode_keys,
     key_range,
 )
-from quorumstore.storage import secondary_indexes, sequences, sessions
 from quorumstore.storage.kv import KvReader, KvStore
 from quorumstore.storage.overlay import InternalOverlay
 from quorumstore.storage.serials import decode_serial_record, serial_changes, serial_key

@@ -1,0 +1,158 @@
+"""Settings of a Spark-hosted cluster: `start()` arguments over `spark.quorumstore.*` over defaults.
+
+One resolver serves both entry points, the PySpark call (`quorumstore.spark.start`) and
+the spark-submit application (`coordinator_driver/app.py`, which loads
+`conf/quorumstore.conf` into the session's configuration first), so they agree on names,
+defaults and validation. Values arrive as strings, as Spark settings do, and are checked
+before anything starts: a bad value fails with the key's name, not deep in a task.
+
+Keys (all under ``spark.quorumstore.``): ``nodes``, ``shards``, ``replicationFactor``,
+``placement`` (``barrier`` or ``independent``), ``host``, ``basePort``, ``dataDir``,
+``metadataUrl``, ``walSync``, ``startTimeout`` (seconds; ``120`` or ``120s``),
+``logLevel`` (of the storage nodes, in the executors' stderr).
+
+>>> config = HostingConfig.resolve({"spark.quorumstore.nodes": "5"}, shards=4)
+>>> (config.nodes, config.shards, config.node_addresses[:2])
+(5, 4, ['127.0.0.1:6648', '127.0.0.1:6649'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PREFIX = "spark.quorumstore."
+PLACEMENTS = ("barrier", "independent")
+
+
+def _integer(value: str) -> int:
+    return int(value)
+
+
+def _seconds(value: str) -> float:
+    return float(value.removesuffix("s"))
+
+
+def _boolean(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ValueError(value)
+    return lowered == "true"
+
+
+#: field name -> (key after PREFIX, parser of the string form).
+_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "nodes": ("nodes", _integer),
+    "shards": ("shards", _integer),
+    "replication_factor": ("replicationFactor", _integer),
+    "placement": ("placement", str.strip),
+    "host": ("host", str.strip),
+    "base_port": ("basePort", _integer),
+    "data_dir": ("dataDir", Path),
+    "metadata_url": ("metadataUrl", str.strip),
+    "wal_sync": ("walSync", _boolean),
+    "start_timeout_s": ("startTimeout", _seconds),
+    "log_level": ("logLevel", str.strip),
+}
+
+
+@dataclass(frozen=True)
+class HostingConfig:
+    """Where and how the storage nodes and the coordinator of one hosted cluster run.
+
+    Node ``i`` listens on ``host:base_port + i`` and keeps its data in
+    ``data_dir/node<i>``; its identity is that address, so it must come back on the same
+    one after a restart, which is why ports are derived from the index and not picked
+    free. The coordinator's status port is ``base_port + nodes``.
+    """
+
+    nodes: int = 3
+    shards: int = 8
+    replication_factor: int = 3
+    placement: str = "barrier"
+    host: str = "127.0.0.1"
+    base_port: int = 6648
+    data_dir: Path = Path("quorumstore-data")
+    #: Path or fsspec URL of the coordinator's metadata; "" means data_dir/coordinator/metadata.pb.
+    metadata_url: str = ""
+    wal_sync: bool = True
+    start_timeout_s: float = 120.0
+    log_level: str = "WARNING"
+
+    @classmethod
+    def resolve(cls, conf: Mapping[str, str], **overrides: Any) -> HostingConfig:
+        """Defaults, then ``spark.quorumstore.*`` entries of `conf`, then non-None `overrides`.
+
+        `overrides` use the field names (``replication_factor=3``); the data directory is
+        made absolute here, on the driver, because executors run in other directories.
+        """
+        unknown = set(overrides) - set(_KEYS)
+        if unknown:
+            raise TypeError(f"unknown quorumstore hosting option(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        for name, (key, parse) in _KEYS.items():
+            if overrides.get(name) is not None:
+                values[name] = overrides[name]
+            elif PREFIX + key in conf:
+                raw = conf[PREFIX + key]
+                try:
+                    values[name] = parse(raw)
+                except ValueError:
+                    raise ValueError(f"{PREFIX}{key}: cannot read {raw!r} as {_describe(name)}") from None
+        config = dataclasses.replace(cls(), **values)
+        data_dir = Path(os.path.abspath(Path(config.data_dir).expanduser()))
+        config = dataclasses.replace(
+            config,
+            data_dir=data_dir,
+            metadata_url=config.metadata_url or str(data_dir / "coordinator" / "metadata.pb"),
+        )
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Raises ValueError naming the setting that cannot work."""
+        problems = []
+        if self.nodes < 1:
+            problems.append(f"{PREFIX}nodes must be at least 1, got {self.nodes}")
+        if self.shards < 1:
+            problems.append(f"{PREFIX}shards must be at least 1, got {self.shards}")
+        if not 1 <= self.replication_factor <= self.nodes:
+            problems.append(
+                f"{PREFIX}replicationFactor must be between 1 and the number of nodes "
+                f"({self.nodes}), got {self.replication_factor}"
+            )
+        if self.placement not in PLACEMENTS:
+            problems.append(f"{PREFIX}placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if not self.host:
+            problems.append(f"{PREFIX}host must not be empty")
+        if not 1 <= self.base_port <= 65535 - self.nodes:
+            problems.append(
+                f"{PREFIX}basePort must leave room for {self.nodes} node ports and the coordinator's "
+                f"(1..{65535 - self.nodes}), got {self.base_port}"
+            )
+        if self.start_timeout_s <= 0:
+            problems.append(f"{PREFIX}startTimeout must be positive, got {self.start_timeout_s}")
+        if not isinstance(logging.getLevelName(self.log_level.upper()), int):
+            problems.append(f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def node_addresses(self) -> list[str]:
+        return [f"{self.host}:{self.base_port + i}" for i in range(self.nodes)]
+
+    @property
+    def admin_port(self) -> int:
+        return self.base_port + self.nodes
+
+
+def _describe(name: str) -> str:
+    return {
+        "wal_sync": "true or false",
+        "start_timeout_s": "a number of seconds",
+    }.get(name, "a whole number")

@@ -1,0 +1,123 @@
+"""The change feed: `spark.readStream.format("quorumstore")`, one row per committed change.
+
+Offsets are per-shard commit offsets, `{"<namespace>/<shard>": offset}`. A micro-batch
+from offsets S to E reads, per shard, the change log entries in (S, E]
+(`storage/change_log.py`): committed entries never change, so a batch read again after
+a failure or a restart yields exactly the same rows, and Spark's checkpoint makes each
+change appear once. E is a shard's applied offset on its leader (or on a follower
+while the shard elects one), so everything up to E is committed; a replica that has
+not applied E yet (a newly elected leader) is asked again until one has.
+
+Rows have the batch read's schema (`datasource_read.output_schema`): `operation` is
+put, delete or delete_range (then `range_end` is the range's exclusive end, empty when
+unbounded), `commit_offset` the entry's offset, and `modified_timestamp` the entry's
+time (for deletions too). Changes are kept `change_log.CHANGE_RETENTION_MS`; a stream
+that falls further behind fails with OUT_OF_RANGE instead of skipping changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.types import StructType
+
+from quorumstore.data_client import DataClient
+from quorumstore.spark.datasource_options import QuorumstoreOptionError, SourceOptions, connect, parse_offsets
+from quorumstore.spark.datasource_read import RowShaper
+
+_OPERATIONS = pa.array(["put", "delete", "delete_range"])
+
+
+@dataclass
+class ChangePartition(InputPartition):
+    """The changes of one shard's entries in (start, end]."""
+
+    shard: int
+    start: int
+    end: int
+
+
+class QuorumstoreChangeFeed(DataSourceStreamReader):
+    """Streams committed changes of every shard of a namespace.
+
+    Example::
+
+        changes = (spark.readStream.format("quorumstore").option("address", address)
+                   .option("startingOffsets", "earliest").load())
+        query = (changes.writeStream.format("parquet").option("path", out)
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    """
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.codec = options.read_codec()
+        with connect(options) as client:
+            self._shards = [s.shard for s in client.shards()]
+            if options.starting_offsets not in ("latest", "earliest"):
+                self._check_offsets(parse_offsets(options.starting_offsets), "option startingOffsets")
+
+    def _key(self, shard: int) -> str:
+        return f"{self.options.namespace}/{shard}"
+
+    def _check_offsets(self, offsets: dict[str, int], what: str) -> None:
+        expected = {self._key(s) for s in self._shards}
+        if set(offsets) != expected:
+            raise QuorumstoreOptionError(
+                "QUORUMSTORE_INVALID_OPTION",
+                f"{what} must give an offset for exactly the shards {sorted(expected)}, got {sorted(offsets)}",
+            )
+
+    def _current(self, client: DataClient, earliest: bool) -> dict[str, int]:
+        out = {}
+        for shard in self._shards:
+            offsets = client.offsets(shard, allow_follower=True)
+            out[self._key(shard)] = offsets.changes_kept_after if earliest else offsets.commit_offset
+        return out
+
+    def initialOffset(self) -> dict[str, int]:
+        if self.options.starting_offsets in ("latest", "earliest"):
+            with self.options.client() as client:
+                return self._current(client, earliest=self.options.starting_offsets == "earliest")
+        return parse_offsets(self.options.starting_offsets)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        with self.options.client() as client:
+            latest = self._current(client, earliest=False)
+        # A follower asked during an election may be behind what was read already.
+        return {key: max(offset, start.get(key, -1)) for key, offset in latest.items()}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ChangePartition]:
+        parts = []
+        for shard in self._shards:
+            key = self._key(shard)
+            low, high = start.get(key, -1), end[key]
+            if high > low:
+                parts.append(ChangePartition(shard, low, high))
+        return parts
+
+    def read(self, partition: ChangePartition) -> Iterator[pa.RecordBatch]:
+        shaper = RowShaper(self.codec)
+        with self.options.client() as client:
+            for batch in client.changes(partition.shard, partition.start, partition.end):
+                n = batch.num_rows
+                if n == 0:
+                    continue
+                yield shaper.shape(
+                    batch.set_column(
+                        batch.schema.get_field_index("modified_ms"),
+                        "modified_ms",
+                        pc.coalesce(batch.column("modified_ms"), batch.column("timestamp_ms")),
+                    ),
+                    partition.shard,
+                    batch.column("offset"),
+                    _OPERATIONS.take(batch.column("operation")),
+                    batch.column("range_end"),
+                )
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release: the change log is kept by time, not by readers."""

@@ -1,0 +1,307 @@
+"""A quorumstore cluster hosted by a Spark application: coordinator in the driver, nodes in tasks.
+
+`start` runs the coordinator inside the driver process and each storage node in a
+long-running executor task, waits until every shard has a leader, and returns a
+`HostedCluster` handle. See docs/running-on-spark.md for placements and supervision.
+
+>>> import quorumstore.spark
+>>> cluster = quorumstore.spark.start(spark, nodes=3, shards=8, replication_factor=3)  # doctest: +SKIP
+>>> with cluster.client() as client:  # doctest: +SKIP
+...     client.put("/greeting", b"hello")
+>>> print(cluster.status())  # doctest: +SKIP
+>>> cluster.stop()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from quorumstore.cli import format_status
+from quorumstore.client import Client
+from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
+from quorumstore.proto import replication_pb2 as pb
+from quorumstore.protocol.coordinator import ShardState
+from quorumstore.spark.config import HostingConfig
+from quorumstore.spark.coordinator_thread import CoordinatorThread
+from quorumstore.spark.node_jobs import NodeJob, NodeJobState, spark_stopped, submit_node_jobs, wait_for_exit
+from quorumstore.spark.slots import check_free_slots
+
+log = logging.getLogger(__name__)
+
+#: How long `stop()` waits for Spark to kill the node processes after cancelling.
+_EXIT_TIMEOUT_S = 30.0
+
+
+class ClusterStartError(RuntimeError):
+    """The hosted cluster did not come up; the message says why and where to look."""
+
+
+@dataclass(frozen=True)
+class HostedClusterStatus:
+    """The coordinator's view of the cluster plus the state of the node jobs.
+
+    ``str(status)`` is the table ``quorumstore status`` prints, followed by one line
+    per node job; `cluster` is the coordinator's ``ClusterStatus`` message itself.
+    """
+
+    cluster: pb.ClusterStatus
+    node_jobs: tuple[NodeJobState, ...]
+
+    @property
+    def online(self) -> bool:
+        """Every shard has a leader and every node's health stream is up."""
+        shards = self.cluster.metadata.shards
+        return all(s.status == pb.ONLINE for s in shards) and all(self.cluster.nodes_alive.values())
+
+    @property
+    def leaders(self) -> dict[int, str]:
+        """Shard id -> leader address ("" while the shard has none)."""
+        return {s.shard: s.leader for s in self.cluster.metadata.shards}
+
+    def __str__(self) -> str:
+        return "\n".join([format_status(self.cluster), *map(str, self.node_jobs)])
+
+
+class HostedCluster:
+    """Handle of a running cluster; returned by `start`, stopped by `stop()` or at exit.
+
+    Attributes
+    ----------
+    address : str
+        A node's client address (``host:port``) for Oxia-protocol clients; any node
+        answers shard discovery, and clients then follow each shard's leader.
+    addresses : list of str
+        Every node's address, node ``i`` at index ``i``.
+    admin_address : str
+        The coordinator's status endpoint (``quorumstore status --coordinator ...``).
+    config : HostingConfig
+        The resolved settings, including the data directory and placement.
+    """
+
+    def __init__(self, spark: SparkSession, config: HostingConfig, coordinator: CoordinatorThread, cluster_id: str):
+        self.config = config
+        self.addresses = config.node_addresses
+        self.address = self.addresses[0]
+        self.admin_address = f"{config.host}:{config.admin_port}"
+        self._sc = spark.sparkContext
+        self._coordinator = coordinator
+        self._cluster_id = cluster_id
+        self._started_at = time.time()
+        self._jobs: list[NodeJob] = []
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+
+    # ------------------------------------------------------------------ public
+
+    def client(self, **options: Any) -> Client:
+        """A connected `quorumstore.Client` of this cluster (close it, or use ``with``).
+
+        `options` go to the client (see `quorumstore.AsyncClient`). Any Oxia-protocol
+        client works too, given `address`.
+        """
+        return Client(self.address, **options)
+
+    def status(self) -> HostedClusterStatus:
+        """Shards (term, leader, offsets, follower lag), live nodes and node jobs, now."""
+        return HostedClusterStatus(
+            self._coordinator.call(CoordinatorServer.cluster_status),
+            tuple(job.state() for job in self._jobs),
+        )
+
+    def stop(self) -> None:
+        """Stops the nodes (cancels their Spark jobs) and the coordinator; idempotent.
+
+        Returns once the node processes have exited, so their ports are free again.
+        """
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        atexit.unregister(self.stop)
+        self._coordinator.stop()
+        for job in self._jobs:
+            job.cancel()
+        for job in self._jobs:
+            job.join(_EXIT_TIMEOUT_S)
+        left = wait_for_exit(list(self.node_pids().values()), self._jobs, _EXIT_TIMEOUT_S)
+        if left:
+            log.warning("quorumstore node processes %s were still running %.0f s after stop", left, _EXIT_TIMEOUT_S)
+
+    def __enter__(self) -> HostedCluster:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "running"
+        return (
+            f"HostedCluster({state}, address={self.address!r}, nodes={self.config.nodes}, "
+            f"shards={self.config.shards}, placement={self.config.placement!r}, data_dir='{self.config.data_dir}')"
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _launch(self) -> None:
+        """Submits the node jobs; returns when every shard has a leader and every node is up.
+
+        A node job failing before that is a setup problem (the executors' Python lacks
+        quorumstore, nodes on several machines, ...), not a crash to supervise, so it
+        fails the start with the job's error instead of being resubmitted.
+        """
+        self._jobs = submit_node_jobs(self._sc, self.config, self._cluster_id)
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while time.monotonic() < deadline:
+            if self._coordinator.call(_serving):
+                return
+            for job in self._jobs:
+                state = job.state()
+                if state.last_failure is not None:
+                    raise ClusterStartError(f"the storage node job {state.group} failed while starting: {state.last_failure}")
+            if spark_stopped(self._sc):
+                raise ClusterStartError("the SparkContext stopped while the cluster was starting")
+            time.sleep(0.1)
+        raise ClusterStartError(
+            f"not every shard had a leader within {self.config.start_timeout_s:g} s "
+            f"(spark.quorumstore.startTimeout); the node tasks' logs are in the executors' stderr.\n"
+            f"{self.status()}"
+        )
+
+    def node_pids(self) -> dict[int, int]:
+        """Node index -> pid of the Python worker running it, as its task last wrote it.
+
+        Read from ``data_dir/node<i>.pid``, so only meaningful on the executors' machine
+        (local and local-cluster masters); pid files older than this cluster are ignored.
+        """
+        pids = {}
+        for i in range(self.config.nodes):
+            pid_file = Path(self.config.data_dir) / f"node{i}.pid"
+            try:
+                if pid_file.stat().st_mtime >= self._started_at - 1:
+                    pids[i] = int(pid_file.read_text())
+            except (FileNotFoundError, ValueError):
+                continue
+        return pids
+
+
+def start(
+    spark: SparkSession,
+    nodes: int | None = None,
+    shards: int | None = None,
+    replication_factor: int | None = None,
+    *,
+    placement: str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    metadata_url: str | None = None,
+    host: str | None = None,
+    base_port: int | None = None,
+    wal_sync: bool | None = None,
+    start_timeout_s: float | None = None,
+    log_level: str | None = None,
+) -> HostedCluster:
+    """Starts a quorumstore cluster inside this Spark application and waits until it serves.
+
+    The coordinator runs in this (the driver's) process; each storage node runs in a
+    long-running Spark task, in one barrier job (``placement="barrier"``) or one job
+    per node (``"independent"``). The driver resubmits a node job that fails, and the
+    nodes restart from their data directories. Arguments left as None come from the
+    session's ``spark.quorumstore.*`` settings, then from the defaults in
+    `HostingConfig` (3 nodes, 8 shards, replication factor 3, barrier placement, ports
+    from 6648, data in ./quorumstore-data).
+
+    Parameters
+    ----------
+    spark : SparkSession
+        A classic (not Spark Connect) session; needs one free task slot per node.
+    nodes, shards, replication_factor : int, optional
+        Cluster size, number of shards of the ``default`` namespace, replicas per shard.
+    placement : str, optional
+        ``"barrier"`` or ``"independent"``; see docs/running-on-spark.md.
+    data_dir : path, optional
+        Node ``i`` keeps its data in ``data_dir/node<i>``; reused on restart.
+    metadata_url : str, optional
+        Path or fsspec URL of the coordinator's metadata (default under `data_dir`).
+    host, base_port : optional
+        Node ``i`` serves on ``host:base_port+i``, the coordinator's status on ``base_port+nodes``.
+    wal_sync : bool, optional
+        fsync the nodes' WALs (default True).
+    start_timeout_s : float, optional
+        How long to wait for executors and for every shard to have a leader.
+    log_level : str, optional
+        Level of the nodes' logs in the executors' stderr (default WARNING).
+
+    Returns
+    -------
+    HostedCluster
+        With ``address``, ``client()``, ``status()`` and ``stop()``.
+
+    Raises
+    ------
+    NotEnoughSlotsError
+        Fewer free task slots than nodes (checked before anything starts).
+    ClusterStartError
+        A node job failed, or the shards had no leaders within the timeout.
+    ValueError
+        An invalid setting, named in the message.
+
+    Examples
+    --------
+    >>> cluster = quorumstore.spark.start(spark, nodes=3, shards=8)  # doctest: +SKIP
+    >>> cluster.address  # doctest: +SKIP
+    '127.0.0.1:6648'
+    >>> cluster.stop()  # doctest: +SKIP
+    """
+    sc = spark.sparkContext
+    config = HostingConfig.resolve(
+        dict(sc.getConf().getAll()),
+        nodes=nodes,
+        shards=shards,
+        replication_factor=replication_factor,
+        placement=placement,
+        data_dir=data_dir,
+        metadata_url=metadata_url,
+        host=host,
+        base_port=base_port,
+        wal_sync=wal_sync,
+        start_timeout_s=start_timeout_s,
+        log_level=log_level,
+    )
+    check_free_slots(sc, config.nodes, config.start_timeout_s)
+    coordinator = CoordinatorThread(
+        CoordinatorServerConfig(
+            nodes=config.node_addresses,
+            metadata_url=config.metadata_url,
+            namespaces={"default": config.shards},
+            replication_factor=config.replication_factor,
+            admin_host=config.host,
+            admin_port=config.admin_port,
+        )
+    )
+    coordinator.start()
+    cluster = HostedCluster(spark, config, coordinator, f"quorumstore-{uuid.uuid4().hex[:8]}")
+    atexit.register(cluster.stop)
+    try:
+        cluster._launch()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _serving(server: CoordinatorServer) -> bool:
+    """Every shard has a leader and the coordinator reaches every node."""
+    assert server.engine is not None
+    online = all(m.state is ShardState.ONLINE for m in server.engine.metadata.shards.values())
+    return online and all(server.cluster_status().nodes_alive.values())
+

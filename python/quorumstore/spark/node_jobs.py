@@ -1,0 +1,212 @@
+"""Driver side of node hosting: the Spark jobs whose tasks are storage nodes, kept running.
+
+Spark gives a long-running job no restart policy of its own that fits: it kills every
+task of a barrier stage when one fails and does not retry a barrier result stage, and a
+plain job fails after ``spark.task.maxFailures`` attempts (1 in local mode). So each
+node job runs in its own driver thread, which resubmits it whenever it ends while the
+cluster is meant to be up; the new tasks reopen the nodes' data directories and the
+coordinator re-elects. A job group per thread (``interruptOnCancel=True``) lets
+`NodeJob.cancel` stop exactly that job, and Spark then kills its Python workers.
+
+Placements: `barrier` is one job with a barrier task per node (gang-scheduled, addresses
+exchanged, but one node's death restarts all); `independent` is one single-task job per
+node, so a node fails and comes back alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pyspark import SparkContext
+
+import quorumstore
+from quorumstore.spark.config import HostingConfig
+
+log = logging.getLogger(__name__)
+
+#: Pause before resubmitting a failed node job: long enough for Spark to finish
+#: killing the old tasks, short against the seconds a barrier restart takes anyway.
+RESUBMIT_DELAY_S = 0.5
+
+_NODE_TASK = Path(quorumstore.__file__).resolve().parents[2] / "executor_node" / "node_task.py"
+
+
+@dataclass(frozen=True)
+class NodeJobState:
+    """One node job as the driver sees it, for `HostedCluster.status()`."""
+
+    group: str
+    nodes: tuple[int, ...]
+    submissions: int
+    failures: int
+    last_failure: str | None
+
+    def __str__(self) -> str:
+        nodes = ", ".join(map(str, self.nodes))
+        line = f"spark job group {self.group} (node {nodes}): submitted {self.submissions}x, failed {self.failures}x"
+        return f"{line}; last failure: {self.last_failure}" if self.last_failure else line
+
+
+class NodeJob(threading.Thread):
+    """Runs one node job and resubmits it after every failure until `cancel()`."""
+
+    def __init__(self, sc: SparkContext, group: str, description: str, nodes: list[int], barrier: bool, body: Any):
+        super().__init__(name=f"quorumstore-{group}", daemon=True)
+        self._sc = sc
+        self.group = group
+        self._description = description
+        self._nodes = nodes
+        self._barrier = barrier
+        self._body = body
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._submissions = 0
+        self._failures: list[str] = []
+
+    def run(self) -> None:
+        while not self._stopping.is_set() and not spark_stopped(self._sc):
+            with self._lock:
+                self._submissions += 1
+            self._sc.setJobGroup(self.group, self._description, interruptOnCancel=True)
+            try:
+                rdd = self._sc.parallelize(self._nodes, len(self._nodes))
+                (rdd.barrier() if self._barrier else rdd).mapPartitions(self._body).collect()
+                failure = "the node tasks returned"
+            except Exception as e:  # noqa: BLE001 - every way a job ends is a failure here
+                failure = describe_failure(e)
+            if self._stopping.is_set() or spark_stopped(self._sc):
+                return
+            with self._lock:
+                self._failures.append(failure)
+            log.warning("quorumstore node job %s failed, resubmitting in %.1f s: %s", self.group, RESUBMIT_DELAY_S, failure)
+            self._stopping.wait(RESUBMIT_DELAY_S)
+
+    def cancel(self) -> None:
+        """Stops resubmitting and cancels the running job; Spark then kills its tasks."""
+        self._stopping.set()
+        if not spark_stopped(self._sc):
+            self._sc.cancelJobGroup(self.group)
+
+    def running_tasks(self) -> int:
+        """Tasks of this job group Spark still counts as running (they hold slots)."""
+        if spark_stopped(self._sc):
+            return 0
+        tracker = self._sc.statusTracker()
+        running = 0
+        for job_id in tracker.getJobIdsForGroup(self.group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job is not None else []:
+                stage = tracker.getStageInfo(stage_id)
+                running += stage.numActiveTasks if stage is not None else 0
+        return running
+
+    def state(self) -> NodeJobState:
+        with self._lock:
+            return NodeJobState(
+                self.group,
+                tuple(self._nodes),
+                self._submissions,
+                len(self._failures),
+                self._failures[-1] if self._failures else None,
+            )
+
+
+def submit_node_jobs(sc: SparkContext, config: HostingConfig, cluster_id: str) -> list[NodeJob]:
+    """Starts the node jobs of `config.placement`; each runs until cancelled."""
+    node_task = _load_node_task(sc)
+    barrier = config.placement == "barrier"
+    spec = node_task.NodeTaskSpec(
+        host=config.host,
+        base_port=config.base_port,
+        data_dir=str(config.data_dir),
+        wal_sync=config.wal_sync,
+        barrier=barrier,
+        log_level=config.log_level,
+    )
+    body = functools.partial(node_task.serve_partition, spec)
+    if barrier:
+        nodes = list(range(config.nodes))
+        jobs = [NodeJob(sc, f"{cluster_id}-nodes", f"quorumstore storage nodes 0-{config.nodes - 1} (barrier)", nodes, True, body)]
+    else:
+        jobs = [
+            NodeJob(sc, f"{cluster_id}-node{i}", f"quorumstore storage node {i}", [i], False, body)
+            for i in range(config.nodes)
+        ]
+    for job in jobs:
+        job.start()
+    return jobs
+
+
+def spark_stopped(sc: SparkContext) -> bool:
+    """True once the SparkContext is stopped or its JVM is gone (spark-submit got SIGTERM)."""
+    try:
+        return sc._jsc is None or sc._jsc.sc().isStopped()
+    except Exception:  # noqa: BLE001 - py4j fails in many ways once the JVM has exited
+        return True
+
+
+def describe_failure(error: BaseException) -> str:
+    """The lines of a (usually Py4J-wrapped) job failure that say why, without JVM stack frames."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("at ", "... "))]
+    python_errors = [line for line in lines if line.startswith(("quorumstore", "node_task")) or "Error: " in line]
+    reason = python_errors[-1] if python_errors else (lines[0] if lines else type(error).__name__)
+    return reason if len(reason) <= 500 else reason[:497] + "..."
+
+
+def _load_node_task(sc: SparkContext) -> ModuleType:
+    """Imports executor_node/node_task.py on the driver and ships it to the executors.
+
+    Imported under its file name, ``node_task``, which is the name the executors find
+    it under after ``addPyFile``, so the task body pickles by reference.
+    """
+    if not _NODE_TASK.is_file():
+        raise FileNotFoundError(
+            f"{_NODE_TASK} is missing: quorumstore.spark runs storage nodes with executor_node/node_task.py "
+            "from a source checkout (pip install -e .)"
+        )
+    sc.addPyFile(str(_NODE_TASK))
+    module = sys.modules.get("node_task")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("node_task", _NODE_TASK)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["node_task"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def wait_for_exit(pids: list[int], jobs: list[NodeJob], timeout_s: float) -> list[int]:
+    """Waits until no process of `pids` runs and Spark counts no task of `jobs` as running.
+
+    Returns the pids still running at the timeout. Waiting for both makes a stopped
+    cluster's ports and task slots free for the next `start`.
+    """
+    deadline = time.monotonic() + timeout_s
+    running = pids
+    while time.monotonic() < deadline:
+        running = [p for p in running if _running(p)]
+        if not running and not any(job.running_tasks() for job in jobs):
+            break
+        time.sleep(0.1)
+    return running
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

@@ -1,0 +1,97 @@
+"""Fail-fast check that the application has a free task slot for every storage node.
+
+Each node holds a task slot for the cluster's whole life. With too few slots a barrier
+job does not fail: Spark re-checks every 15 s for about 10 minutes, and a plain job just
+queues, so the user would wait for nothing. Checking first turns that into an error
+that says what is missing and which setting changes it.
+
+Slots are counted the way Spark's barrier check counts them (registered executors'
+cores divided by ``spark.task.cpus``) minus the tasks running now. When the
+configuration says the slots can never suffice (``local[N]``, ``local-cluster[E,C,M]``,
+or a static ``spark.executor.instances`` x ``spark.executor.cores``) the check fails at
+once; otherwise it waits, up to the start timeout, for executors still registering.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from pyspark import SparkContext
+
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
+
+
+class NotEnoughSlotsError(RuntimeError):
+    """The application cannot give every storage node a task slot of its own."""
+
+
+@dataclass(frozen=True)
+class Slots:
+    total: int
+    busy: int
+
+    @property
+    def free(self) -> int:
+        return self.total - self.busy
+
+
+def check_free_slots(sc: SparkContext, needed: int, timeout_s: float) -> None:
+    """Returns once `needed` slots are free; raises NotEnoughSlotsError when they cannot be."""
+    configured = configured_slots(sc)
+    if configured is not None and configured < needed:
+        raise NotEnoughSlotsError(_message(sc, needed, Slots(configured, 0), "configured"))
+    waits = not sc.master.startswith("local[") and sc.master != "local"
+    deadline = time.monotonic() + (timeout_s if waits else 0.0)
+    while True:
+        slots = current_slots(sc)
+        if slots.free >= needed:
+            return
+        if time.monotonic() >= deadline:
+            raise NotEnoughSlotsError(_message(sc, needed, slots, "free"))
+        time.sleep(0.5)
+
+
+def configured_slots(sc: SparkContext) -> int | None:
+    """Slots the master and executor settings promise, or None where they do not say."""
+    conf = sc.getConf()
+    task_cpus = int(conf.get("spark.task.cpus", "1"))
+    match = _LOCAL_CLUSTER.fullmatch(sc.master)
+    if match:
+        return int(match[1]) * int(match[2]) // task_cpus
+    if sc.master.startswith("local"):
+        return current_slots(sc).total
+    instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+    dynamic = conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true"
+    if instances and cores and not dynamic:
+        return int(instances) * int(cores) // task_cpus
+    return None
+
+
+def current_slots(sc: SparkContext) -> Slots:
+    """Slots of the executors registered now (Spark's own barrier count) and tasks running."""
+    jsc = sc._jsc.sc()  # type: ignore[union-attr]
+    total = jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
+    tracker = sc.statusTracker()
+    busy = 0
+    for stage_id in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage_id)
+        if info is not None:
+            busy += info.numActiveTasks
+    return Slots(total, busy)
+
+
+def _message(sc: SparkContext, needed: int, slots: Slots, kind: str) -> str:
+    have = (
+        f"the configuration allows {slots.total}"
+        if kind == "configured"
+        else f"{slots.free} are free ({slots.total} in all, {slots.busy} running other tasks)"
+    )
+    return (
+        f"quorumstore needs {needed} free Spark task slots, one per storage node for the cluster's "
+        f"whole life, but {have} (master {sc.master}). Start fewer nodes, or give the application "
+        f"more slots: a local master with more threads (e.g. local[{needed + 1}]), more "
+        "spark.executor.instances or spark.executor.cores, or a lower spark.task.cpus; "
+        "or wait for other jobs to finish."
+    )

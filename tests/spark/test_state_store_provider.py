@@ -1,0 +1,622 @@
+"""The quorumstore StateStoreProvider against Spark's own RocksDB provider.
+
+Two tiers share one SparkSession (local[2]) and one 3-node cluster (replication factor 3,
+real processes on loopback, started with tests/process's LocalCluster):
+
+- the provider API driven directly through py4j, the same calls on both providers, for
+  what operators cannot show precisely: ordering of scans, column families, several
+  values per key, range scans, fencing of a second attempt, checkpoint ids (format v2),
+  retention, and the error when the cluster is unreachable;
+- Spark's stateful operators, each query run once per provider on the same input files
+  (one file per micro-batch), with every micro-batch's output compared; then a restart
+  from the checkpoint and a kill -9 of a storage leader in the middle of a query.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS, spark_confs
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+_PROCESS_CONFTEST = Path(__file__).resolve().parents[1] / "process" / "conftest.py"
+_spec = importlib.util.spec_from_file_location("quorumstore_process_fixtures", _PROCESS_CONFTEST)
+assert _spec is not None and _spec.loader is not None
+_process = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _process  # dataclasses look their module up there
+_spec.loader.exec_module(_process)
+LocalCluster = _process.LocalCluster
+
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+PROVIDERS = {"rocksdb": ROCKSDB_PROVIDER_CLASS, "quorumstore": PROVIDER_CLASS}
+QUERY_TIMEOUT_S = 180
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path_factory.mktemp("cluster"), nodes=3, shards=4, replication_factor=3, fsync=False)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def spark(cluster: LocalCluster) -> Iterator[SparkSession]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("quorumstore-state-store-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
+    )
+    for key, value in spark_confs(",".join(cluster.nodes), timeout_ms=60_000).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+# ------------------------------------------------------------------ routing hash
+
+
+def test_xxh3_matches_python_xxhash(spark: SparkSession) -> None:
+    """The JVM's XXH3-64 (shard routing) equals xxhash.xxh3_64 for every length class."""
+    xxh3 = spark._jvm.io.quorumstore.spark.state.Xxh3
+    for length in [0, 1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 64, 100, 128, 129, 200, 240, 241, 1023, 1024, 1025, 4097]:
+        data = bytes((i * 131 + length) % 256 for i in range(length))
+        assert xxh3.hash64(bytearray(data)) & 0xFFFFFFFFFFFFFFFF == xxhash.xxh3_64_intdigest(data), length
+    key = "statestore/8d1c2e9a-0000-4000-8000-000000000000/0/1/default"
+    assert xxh3.hash64(key) & 0xFFFFFFFFFFFFFFFF == xxhash.xxh3_64_intdigest(key.encode())
+
+
+# ------------------------------------------------------------------ provider API via py4j
+
+
+class Jvm:
+    """Thin py4j helpers: UnsafeRows of ints and strings, Scala options, providers."""
+
+    def __init__(self, spark: SparkSession, root: Path):
+        self.spark = spark
+        self.jvm = spark._jvm
+        self.gateway = spark.sparkContext._gateway
+        self.state = self.jvm.org.apache.spark.sql.execution.streaming.state
+        self.none = getattr(self.jvm.scala.__getattr__("None$"), "MODULE$")
+        self.root = root
+        stream_execution = getattr(
+            self.jvm.org.apache.spark.sql.execution.streaming.runtime.__getattr__("StreamExecution$"), "MODULE$"
+        )
+        self.run_id_key = stream_execution.RUN_ID_KEY()
+
+    def some(self, value: object) -> object:
+        return self.jvm.scala.Some(value)
+
+    def schema(self, ddl: str) -> object:
+        return self.jvm.org.apache.spark.sql.types.StructType.fromDDL(ddl)
+
+    def row(self, *values: object) -> object:
+        writer = self.jvm.org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter(len(values))
+        writer.resetRowWriter()
+        for i, v in enumerate(values):
+            writer.write(i, self.jvm.org.apache.spark.unsafe.types.UTF8String.fromString(v) if isinstance(v, str) else v)
+        return writer.getRow().copy()
+
+    def rows(self, iterator: object, key_types: str = "si", value_types: str = "i") -> list[tuple]:
+        def decode(row: object, types: str) -> tuple:
+            return tuple(row.getUTF8String(i).toString() if t == "s" else row.getInt(i) for i, t in enumerate(types))
+
+        out = []
+        while iterator.hasNext():
+            pair = iterator.next()
+            out.append((decode(pair.key(), key_types), decode(pair.value(), value_types)))
+        return out
+
+    def values(self, iterator: object) -> list[int]:
+        out = []
+        while iterator.hasNext():
+            out.append(iterator.next().getInt(0))
+        return out
+
+    def provider(
+        self,
+        cls: str,
+        name: str,
+        spec: object,
+        *,
+        column_families: bool = False,
+        sql_confs: dict[str, str] | None = None,
+        quorum_confs: dict[str, str] | None = None,
+    ) -> object:
+        """A provider of partition 0 of a store under `root/name` (same name: same state)."""
+        sql_conf = self.jvm.org.apache.spark.sql.internal.SQLConf()
+        for key, value in (sql_confs or {}).items():
+            sql_conf.setConfString(key, value)
+        hadoop_conf = self.jvm.org.apache.hadoop.conf.Configuration(self.spark._jsc.hadoopConfiguration())
+        hadoop_conf.set(self.run_id_key, str(uuid.uuid4()))
+        for key, value in (quorum_confs or {}).items():
+            hadoop_conf.set(key, value)
+        store_id = self.state.StateStoreId(f"file:{self.root / name}/state", 0, 0, "default")
+        provider = self.state.StateStoreProvider.create(cls)
+        provider.init(
+            store_id,
+            spec.keySchema(),
+            self.schema("v int"),
+            spec,
+            column_families,
+            self.state.StateStoreConf.apply(sql_conf),
+            hadoop_conf,
+            False,
+            self.none,
+        )
+        return provider
+
+    def store(self, provider: object, version: int, unique_id: str | None = None) -> object:
+        ckpt = self.none if unique_id is None else self.some(unique_id)
+        return provider.getStore(version, ckpt, False, False)
+
+    def int_seq(self, values: list[int]) -> object:
+        items = self.jvm.java.util.ArrayList()
+        for v in values:
+            items.add(v)
+        return self.jvm.scala.jdk.javaapi.CollectionConverters.asScala(items).toSeq()
+
+
+@pytest.fixture(scope="module")
+def jvm(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Jvm:
+    return Jvm(spark, tmp_path_factory.mktemp("providers"))
+
+
+def _each_provider(jvm: Jvm, name: str, scenario: Callable[[str, str], object]) -> dict[str, object]:
+    return {short: scenario(cls, f"{name}-{short}") for short, cls in PROVIDERS.items()}
+
+
+def test_get_put_remove_iterate_and_prefix_scan_like_rocksdb(jvm: Jvm) -> None:
+    """Same calls, same answers; a fresh provider (another executor) loads the version in bulk."""
+
+    def scenario(cls: str, name: str) -> object:
+        spec = jvm.state.PrefixKeyScanStateEncoderSpec(jvm.schema("k string, n int"), 1)
+        store = jvm.store(jvm.provider(cls, name, spec), 0)
+        for k, n, v in [("a", 1, 10), ("a", 2, 20), ("b", -1, 30), ("a", -5, 5), ("b", 7, 1), ("c", 0, 0)]:
+            store.put(jvm.row(k, n), jvm.row(v), "default")
+        store.remove(jvm.row("b", 7), "default")
+        store.remove(jvm.row("zz", 0), "default")
+        assert store.commit() == 1
+
+        store = jvm.store(jvm.provider(cls, name, spec), 1)
+        got = jvm.rows(store.iterator("default"))
+        a = jvm.rows(store.prefixScan(jvm.row("a"), "default"))
+        missing = store.get(jvm.row("b", 7), "default")
+        store.put(jvm.row("a", 2), jvm.row(21), "default")
+        store.remove(jvm.row("c", 0), "default")
+        during = jvm.rows(store.prefixScan(jvm.row("a"), "default"))
+        assert store.commit() == 2
+        metrics = store.metrics()
+        after = jvm.rows(jvm.store(jvm.provider(cls, name, spec), 2).iterator("default"))
+        return got, a, missing, during, after, metrics.numKeys()
+
+    results = _each_provider(jvm, "basic", scenario)
+    assert results["quorumstore"] == results["rocksdb"]
+    assert results["quorumstore"][4][0] == (("a", 1), (10,))
+
+
+def test_column_families_multiple_values_and_range_scan_like_rocksdb(jvm: Jvm) -> None:
+    def scenario(cls: str, name: str) -> object:
+        key_schema = jvm.schema("k string, n int")
+        default_spec = jvm.state.NoPrefixKeyStateEncoderSpec(key_schema)
+        range_spec = jvm.state.RangeKeyScanStateEncoderSpec(key_schema, jvm.int_seq([1]))
+
+        def families(store: object) -> None:
+            store.createColFamilyIfAbsent("ranged", key_schema, jvm.schema("v int"), range_spec, False, False)
+            store.createColFamilyIfAbsent("lists", key_schema, jvm.schema("v int"), default_spec, True, False)
+            store.createColFamilyIfAbsent("doomed", key_schema, jvm.schema("v int"), default_spec, False, False)
+
+        store = jvm.store(jvm.provider(cls, name, default_spec, column_families=True), 0)
+        families(store)
+        for k, n in [("x", 5), ("y", -3), ("z", 100), ("w", 0), ("v", -200)]:
+            store.put(jvm.row(k, n), jvm.row(n * 2), "ranged")
+        store.merge(jvm.row("l", 1), jvm.row(1), "lists")
+        store.merge(jvm.row("l", 1), jvm.row(2), "lists")
+        values = jvm.gateway.new_array(jvm.jvm.org.apache.spark.sql.catalyst.expressions.UnsafeRow, 2)
+        values[0], values[1] = jvm.row(7), jvm.row(8)
+        store.putList(jvm.row("m", 1), values, "lists")
+        store.put(jvm.row("d", 1), jvm.row(1), "doomed")
+        store.put(jvm.row("k", 1), jvm.row(1), "default")
+        assert store.commit() == 1
+
+        store = jvm.store(jvm.provider(cls, name, default_spec, column_families=True), 1)
+        families(store)
+        ordered = jvm.rows(store.iterator("ranged"))
+        window = jvm.rows(store.rangeScan(jvm.some(jvm.row("", -3)), jvm.some(jvm.row("", 6)), "ranged"))
+        merged = jvm.values(store.valuesIterator(jvm.row("l", 1), "lists"))
+        listed = jvm.values(store.valuesIterator(jvm.row("m", 1), "lists"))
+        store.merge(jvm.row("m", 1), jvm.row(9), "lists")
+        removed = store.removeColFamilyIfExists("doomed")
+        names_during = sorted(store.allColumnFamilyNames().toList().mkString(",").split(","))
+        assert store.commit() == 2
+
+        store = jvm.store(jvm.provider(cls, name, default_spec, column_families=True), 2)
+        families(store)
+        after = (
+            jvm.values(store.valuesIterator(jvm.row("m", 1), "lists")),
+            jvm.rows(store.iterator("doomed")),
+            jvm.rows(store.iterator("default")),
+        )
+        store.abort()
+        return ordered, window, merged, listed, removed, names_during, after
+
+    results = _each_provider(jvm, "families", scenario)
+    assert results["quorumstore"] == results["rocksdb"]
+    assert [k[1] for k, _ in results["quorumstore"][0]] == [-200, -3, 0, 5, 100]
+
+
+def test_zombie_attempt_cannot_overwrite_a_newer_version(jvm: Jvm) -> None:
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    store = jvm.store(jvm.provider(PROVIDER_CLASS, "fencing", spec), 0)
+    store.put(jvm.row("a", 1), jvm.row(1), "default")
+    store.commit()
+
+    # Two attempts of the task of batch 2 on two executors load version 1.
+    winner = jvm.store(jvm.provider(PROVIDER_CLASS, "fencing", spec), 1)
+    zombie = jvm.store(jvm.provider(PROVIDER_CLASS, "fencing", spec), 1)
+    winner.put(jvm.row("a", 1), jvm.row(2), "default")
+    zombie.put(jvm.row("a", 1), jvm.row(666), "default")
+    assert winner.commit() == 2
+    with pytest.raises(Exception, match="another attempt of this task"):
+        zombie.commit()
+    zombie.abort()
+
+    # A task retried after the winner committed loads version 1 again and may commit.
+    retry = jvm.store(jvm.provider(PROVIDER_CLASS, "fencing", spec), 1)
+    assert jvm.rows(retry.iterator("default")) == [(("a", 1), (1,))]
+    retry.put(jvm.row("a", 1), jvm.row(3), "default")
+    assert retry.commit() == 2
+    latest = jvm.store(jvm.provider(PROVIDER_CLASS, "fencing", spec), 2)
+    assert jvm.rows(latest.iterator("default")) == [(("a", 1), (3,))]
+    latest.abort()
+
+
+def test_checkpoint_ids_name_exact_versions(jvm: Jvm) -> None:
+    """Format v2: getStore(version, id) returns that commit, also when a later one replaced it."""
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    store = jvm.store(jvm.provider(PROVIDER_CLASS, "ckpt-ids", spec), 0)
+    store.put(jvm.row("a", 1), jvm.row(1), "default")
+    store.commit()
+    info1 = store.getStateStoreCheckpointInfo()
+    id1 = info1.stateStoreCkptId().get()
+    assert info1.batchVersion() == 1 and info1.baseStateStoreCkptId().isEmpty()
+
+    ids = {}
+    for value in (10, 20):  # two successive attempts at version 2
+        store = jvm.store(jvm.provider(PROVIDER_CLASS, "ckpt-ids", spec), 1, id1)
+        store.put(jvm.row("a", 1), jvm.row(value), "default")
+        store.commit()
+        info = store.getStateStoreCheckpointInfo()
+        assert info.baseStateStoreCkptId().get() == id1
+        ids[value] = info.stateStoreCkptId().get()
+    for value, ckpt in ids.items():
+        store = jvm.store(jvm.provider(PROVIDER_CLASS, "ckpt-ids", spec), 2, ckpt)
+        assert jvm.rows(store.iterator("default")) == [(("a", 1), (value,))]
+        store.abort()
+
+
+def test_maintenance_snapshots_and_drops_old_versions(jvm: Jvm) -> None:
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    confs = {
+        "sql_confs": {"spark.sql.streaming.minBatchesToRetain": "2"},
+        "quorum_confs": {"spark.quorumstore.stateStore.snapshotInterval": "2"},
+    }
+    provider = jvm.provider(PROVIDER_CLASS, "retention", spec, **confs)
+    for version in range(8):
+        store = jvm.store(provider, version)
+        store.put(jvm.row("k", version), jvm.row(version), "default")
+        store.commit()
+        if version + 1 in (4, 8):
+            provider.doMaintenance()  # snapshot at 4, then at 8 with cleanup up to 4
+
+    fresh = jvm.store(jvm.provider(PROVIDER_CLASS, "retention", spec, **confs), 5)
+    assert [k[1] for k, _ in jvm.rows(fresh.iterator("default"))] == [0, 1, 2, 3, 4]
+    fresh.abort()
+    with pytest.raises(Exception, match="cannot be rebuilt"):
+        jvm.store(jvm.provider(PROVIDER_CLASS, "retention", spec, **confs), 3)
+
+
+def test_unreachable_cluster_fails_with_a_clear_error(jvm: Jvm) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    confs = {"spark.quorumstore.address": dead, "spark.quorumstore.timeoutMs": "1500"}
+    provider = jvm.provider(PROVIDER_CLASS, "unreachable", spec, quorum_confs=confs)
+    started = time.monotonic()
+    with pytest.raises(Exception, match=f"quorumstore cluster at {dead}.*spark.quorumstore.address"):
+        jvm.store(provider, 0)
+    assert time.monotonic() - started < 15
+
+
+# ------------------------------------------------------------------ operators: RocksDB vs quorumstore
+
+
+BASE_TIME = 1_700_000_000
+
+
+def _event(k: str, v: int, second: int) -> dict:
+    return {"k": k, "v": v, "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(BASE_TIME + second))}
+
+
+def _write_batches(directory: Path, batches: list[list[dict]]) -> None:
+    """One JSON file per batch, with increasing modification times (the file source's order)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, rows in enumerate(batches):
+        path = directory / f"part-{i:04d}.json"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.utime(path, (BASE_TIME + i, BASE_TIME + i))
+
+
+def _as_text(value: object) -> object:
+    if hasattr(value, "asDict"):
+        return tuple(_as_text(v) for v in value)
+    return str(value)
+
+
+class Run:
+    """One streaming query over file inputs, its micro-batch outputs collected in order."""
+
+    def __init__(self, spark: SparkSession, root: Path, provider: str, confs: dict[str, str] | None = None):
+        self.spark = spark
+        self.root = root
+        self.provider = provider
+        self.confs = confs or {}
+        self.outputs: list[tuple[int, list]] = []
+        self.progress: list[dict] = []
+
+    def source(self, name: str, batches: list[list[dict]] | None = None) -> DataFrame:
+        directory = self.root / "in" / name
+        if batches is not None:
+            _write_batches(directory, batches)
+        return (
+            self.spark.readStream.schema("k string, v long, ts timestamp")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(directory))
+        )
+
+    def add_batches(self, name: str, batches: list[list[dict]], first_index: int) -> None:
+        directory = self.root / "in" / name
+        for i, rows in enumerate(batches, start=first_index):
+            path = directory / f"part-{i:04d}.json"
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            os.utime(path, (BASE_TIME + i, BASE_TIME + i))
+
+    def run(self, result: DataFrame, mode: str, on_batch: Callable[[int], None] | None = None) -> Run:
+        self.spark.conf.set(PROVIDER_CONF, self.provider)
+        for key, value in self.confs.items():
+            self.spark.conf.set(key, value)
+
+        def sink(batch: DataFrame, batch_id: int) -> None:
+            if on_batch is not None:
+                on_batch(batch_id)
+            self.outputs.append((batch_id, sorted(_as_text(r) for r in batch.collect())))
+
+        query = (
+            result.writeStream.outputMode(mode)
+            .foreachBatch(sink)
+            .option("checkpointLocation", str(self.root / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            assert query.awaitTermination(QUERY_TIMEOUT_S), f"query did not finish in {QUERY_TIMEOUT_S} s"
+            if query.exception() is not None:
+                raise AssertionError(f"query failed: {query.exception()}")
+            self.progress.extend(query.recentProgress)
+            self.query_id = query.id
+        finally:
+            query.stop()
+            for key in self.confs:
+                self.spark.conf.unset(key)
+        return self
+
+
+def _compare(
+    spark: SparkSession,
+    tmp_path: Path,
+    build: Callable[[Run], DataFrame],
+    mode: str,
+    confs: dict[str, str] | None = None,
+) -> dict[str, Run]:
+    runs = {}
+    for short, cls in PROVIDERS.items():
+        run = Run(spark, tmp_path / short, cls, confs)
+        runs[short] = run.run(build(run), mode)
+    ours, theirs = runs["quorumstore"].outputs, runs["rocksdb"].outputs
+    assert ours == theirs
+    assert any(rows for _, rows in theirs), "the query produced no output at all"
+    return runs
+
+
+def _keys_batches(batches: int = 4, per_batch: int = 30, keys: int = 7, step_s: int = 4) -> list[list[dict]]:
+    """Events of `keys` keys, event time advancing `step_s` per batch, some late events."""
+    out = []
+    for b in range(batches):
+        rows = [_event(f"k{(b * 3 + i) % keys}", i, b * step_s + i % 5) for i in range(per_batch)]
+        rows.append(_event("late", 1, max(0, b * step_s - 25)))
+        out.append(rows)
+    return out
+
+
+def test_streaming_aggregation_update_mode(spark: SparkSession, tmp_path: Path) -> None:
+    def build(run: Run) -> DataFrame:
+        events = run.source("events", _keys_batches())
+        return (
+            events.withWatermark("ts", "5 seconds")
+            .groupBy(F.window("ts", "5 seconds"), "k")
+            .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        )
+
+    runs = _compare(spark, tmp_path, build, "update")
+    metrics = runs["quorumstore"].progress[-1]["stateOperators"][0]["customMetrics"]
+    assert {"quorumstoreCommitLatencyMs", "quorumstoreCommitKeys", "quorumstoreCommitBytes", "quorumstoreLoadTimeMs"} <= set(metrics)
+
+
+def test_streaming_aggregation_complete_mode(spark: SparkSession, tmp_path: Path) -> None:
+    def build(run: Run) -> DataFrame:
+        return run.source("events", _keys_batches()).groupBy("k").agg(F.count("*").alias("n"), F.max("v"))
+
+    _compare(spark, tmp_path, build, "complete")
+
+
+def test_streaming_aggregation_with_checkpoint_format_v2(spark: SparkSession, tmp_path: Path) -> None:
+    def build(run: Run) -> DataFrame:
+        return run.source("events", _keys_batches()).groupBy("k").agg(F.sum("v").alias("total"))
+
+    confs = {"spark.sql.streaming.stateStore.checkpointFormatVersion": "2"}
+    _compare(spark, tmp_path, build, "update", confs)
+
+
+def test_session_windows(spark: SparkSession, tmp_path: Path) -> None:
+    def build(run: Run) -> DataFrame:
+        events = run.source("events", _keys_batches(batches=5, step_s=7))
+        return (
+            events.withWatermark("ts", "3 seconds")
+            .groupBy(F.session_window("ts", "4 seconds"), "k")
+            .agg(F.count("*").alias("n"))
+        )
+
+    _compare(spark, tmp_path, build, "append")
+
+
+def test_drop_duplicates_with_watermark(spark: SparkSession, tmp_path: Path) -> None:
+    def build(run: Run) -> DataFrame:
+        events = run.source("events", _keys_batches())
+        return events.withWatermark("ts", "5 seconds").dropDuplicates(["k", "ts"])
+
+    _compare(spark, tmp_path, build, "append")
+
+
+def test_drop_duplicates_within_watermark(spark: SparkSession, tmp_path: Path) -> None:
+    def build(run: Run) -> DataFrame:
+        events = run.source("events", _keys_batches())
+        return events.withWatermark("ts", "5 seconds").dropDuplicatesWithinWatermark(["k"])
+
+    _compare(spark, tmp_path, build, "append")
+
+
+def test_stream_stream_join(spark: SparkSession, tmp_path: Path) -> None:
+    def build(run: Run) -> DataFrame:
+        left = run.source("left", _keys_batches(keys=5)).withWatermark("ts", "5 seconds")
+        right = run.source("right", _keys_batches(keys=6, per_batch=12)).withWatermark("ts", "5 seconds")
+        return left.alias("l").join(
+            right.alias("r"),
+            F.expr("l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 2 SECONDS AND l.ts + INTERVAL 2 SECONDS"),
+            "leftOuter",
+        ).select("l.k", "l.v", "l.ts", "r.v", "r.ts")
+
+    _compare(spark, tmp_path, build, "append")
+
+
+def test_apply_in_pandas_with_state(spark: SparkSession, tmp_path: Path) -> None:
+    pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+
+    def count_per_key(key, frames, state):  # type: ignore[no-untyped-def]
+        import pandas as pd
+
+        (seen,) = state.get if state.exists else (0,)
+        for frame in frames:
+            seen += len(frame)
+        state.update((seen,))
+        yield pd.DataFrame({"k": [key[0]], "seen": [seen]})
+
+    def build(run: Run) -> DataFrame:
+        return run.source("events", _keys_batches()).groupBy("k").applyInPandasWithState(
+            count_per_key, "k string, seen long", "seen long", "update", "NoTimeout"
+        )
+
+    _compare(spark, tmp_path, build, "update")
+
+
+def test_restart_from_checkpoint_continues(spark: SparkSession, tmp_path: Path) -> None:
+    """A query stopped and started again (new run, providers load from quorumstore)."""
+    batches = _keys_batches(batches=6)
+
+    def build(run: Run) -> DataFrame:
+        return run.source("events").groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+
+    outputs = {}
+    for short, cls in PROVIDERS.items():
+        run = Run(spark, tmp_path / short, cls)
+        _write_batches(run.root / "in" / "events", batches[:3])
+        run.run(build(run), "update")
+        run.add_batches("events", batches[3:], first_index=3)
+        restarted = Run(spark, run.root, cls)
+        restarted.run(build(restarted), "update")
+        outputs[short] = run.outputs + restarted.outputs
+        if short == "quorumstore":
+            loads = restarted.progress[0]["stateOperators"][0]["customMetrics"]["quorumstoreStoreLoads"]
+            assert loads >= 1, "the restarted run should have loaded its state from quorumstore"
+    assert [b for b, _ in outputs["quorumstore"]] == list(range(6))
+    assert outputs["quorumstore"] == outputs["rocksdb"]
+
+
+def test_leader_kill_during_query_keeps_results(spark: SparkSession, tmp_path: Path, cluster: LocalCluster) -> None:
+    """kill -9 of the leader holding the query's state, between two micro-batches' commits."""
+    batches = _keys_batches(batches=6)
+
+    def build(run: Run) -> DataFrame:
+        return run.source("events", batches).groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+
+    reference = Run(spark, tmp_path / "rocksdb", ROCKSDB_PROVIDER_CLASS)
+    reference.run(build(reference), "update")
+
+    run = Run(spark, tmp_path / "quorumstore", PROVIDER_CLASS)
+    killed: list[str] = []
+
+    def kill_leader(batch_id: int) -> None:
+        if batch_id != 2:
+            return
+        query_id = spark.streams.active[0].id
+        partition_key = f"statestore/{query_id}/0/0/default"
+        shard = _shard_of(cluster, partition_key)
+        leader = cluster.leader_of(shard)
+        assert leader is not None
+        cluster.kill9(leader)
+        killed.append(leader)
+
+    try:
+        run.run(build(run), "update", on_batch=kill_leader)
+    finally:
+        for node in killed:
+            cluster.restart(node)
+    assert killed, "no leader was killed"
+    assert run.outputs == reference.outputs
+
+
+def _shard_of(cluster: LocalCluster, partition_key: str) -> int:
+    """The shard quorumstore's provider routes a partition key to (low 32 bits of XXH3-64)."""
+    h = xxhash.xxh3_64_intdigest(partition_key.encode()) & 0xFFFFFFFF
+    for m in cluster.status().metadata.shards:
+        if m.hash_range.min_hash_inclusive <= h <= m.hash_range.max_hash_inclusive:
+            return m.shard
+    raise AssertionError(f"no shard covers {partition_key!r}")
