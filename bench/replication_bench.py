@@ -12,6 +12,9 @@ clients with 100-byte values, using the same measurement code (bench/measure.py)
 quorumstore is measured twice: "plain" sends each put as its own Oxia `Write` through
 raw grpc.aio stubs (as the etcd client sends each put as its own `Put`), and
 "client" is quorumstore's own `AsyncClient`, which batches concurrent puts per shard.
+quorumstore runs one shard by default: one replicated log, as etcd has one Raft group.
+Failover is measured once per quorumstore row (the killed node is restarted and
+caught up in between), each time on the shard the failover writes go to.
 
 Usage: python bench/replication_bench.py [--seconds S] [--latency-n N] [--inflight K]
                                          [--shards N] [--dir D]

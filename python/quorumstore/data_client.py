@@ -95,6 +95,11 @@ def read_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
+def ipc_batches(data: bytes) -> list[pa.RecordBatch]:
+    """The record batches of an IPC stream, empty ones included."""
+    return list(pa.ipc.open_stream(pa.py_buffer(data)))
+
+
 def ipc_bytes(data: pa.Table | pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as writer:
@@ -325,7 +330,7 @@ class DataClient:
         )
         try:
             while True:
-                for batch in read_ipc(chunk.ipc).to_batches():
+                for batch in ipc_batches(chunk.ipc):
                     yield batch, chunk.commit_offset
                 chunk = next(stream, None)
                 if chunk is None:
@@ -367,7 +372,7 @@ class DataClient:
             stream, chunk = self._on_shard(shard_id, "read changes", open_stream, followers=True)
             try:
                 while chunk is not None:
-                    yield from read_ipc(chunk.ipc).to_batches()
+                    yield from ipc_batches(chunk.ipc)
                     position = chunk.commit_offset
                     chunk = next(stream, None)
                 return

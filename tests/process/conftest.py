@@ -13,7 +13,9 @@ service (`GetClusterStatus`) and each node's `NodeControl.GetStatus`.
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -94,11 +96,36 @@ def poll_until(
         time.sleep(interval_s)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive free TCP ports, below the ephemeral range.
+
+    Below it, so that no outgoing connection takes a killed node's port before the node
+    is restarted on it.
+    """
+    high = _ephemeral_low() - count
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(20000, high)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"found no {count} consecutive free ports in 20000-{high}")
 
 
 # ------------------------------------------------------------------ processes
@@ -167,7 +194,7 @@ def close_in_background(client: oxia.Client) -> None:
     def close() -> None:
         try:
             client.close()
-        except Exception:  # noqa: BLE001 - an abandoned client; nothing to report
+        except Exception:  # noqa: BLE001, S110 - an abandoned client; nothing to report
             pass
 
     threading.Thread(target=close, name="oxia-close", daemon=True).start()
@@ -200,8 +227,9 @@ class LocalCluster:
         self.shards = shards
         self.replication_factor = replication_factor
         self.host = host
-        self.nodes: list[str] = [f"{host}:{free_port(host)}" for _ in range(nodes)]
-        self.admin_address = f"{host}:{free_port(host)}"
+        base = free_ports(nodes + 1, host)
+        self.nodes: list[str] = [f"{host}:{base + i}" for i in range(nodes)]
+        self.admin_address = f"{host}:{base + nodes}"
         self.metadata_path = root / "coordinator" / "metadata.pb"
         (root / "logs").mkdir(parents=True, exist_ok=True)
         no_fsync = [] if fsync else ["--no-fsync"]
@@ -386,6 +414,13 @@ class LocalCluster:
             following, timeout_s, f"{node} to follow the leader of shard {shard}", describe=lambda: self.describe_shard(shard)
         )
 
+    def wait_rejoined(self, node: str, timeout_s: float = ONLINE_TIMEOUT_S) -> None:
+        """Waits until a restarted `node` follows the leader of every shard it holds a replica of."""
+        deadline = time.monotonic() + timeout_s
+        for m in self.status().metadata.shards:
+            if node in m.ensemble:
+                self.wait_following(node, m.shard, max(0.0, deadline - time.monotonic()))
+
     def wait_caught_up(self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S) -> tuple[pb.GetStatusResponse, pb.GetStatusResponse]:
         """Waits (with no writes running) until `node`'s replica has the leader's head and commit.
 
@@ -505,13 +540,6 @@ class WriteLoad:
         self._threads: list[threading.Thread] = []
         self._in_put: dict[int, float] = {}
 
-    def __enter__(self) -> WriteLoad:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def start(self) -> None:
         for i in range(self.clients):
             thread = threading.Thread(target=self._write_loop, args=(i,), name=f"writer-{i}", daemon=True)
@@ -522,7 +550,7 @@ class WriteLoad:
         """Asks the writers to stop (teardown: whatever they are doing, they are daemons)."""
         self._stop.set()
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = 40.0) -> None:
         """Stops the writers; fails if one is stuck in a put (the oxia client has no timeout)."""
         self._stop.set()
         deadline = time.monotonic() + timeout_s
@@ -541,7 +569,7 @@ class WriteLoad:
             node = live[index % len(live)]
             try:
                 return self.cluster.open_client(node), node
-            except Exception as e:  # noqa: BLE001 - the node died meanwhile: pick another
+            except Exception as e:  # the node died meanwhile: pick another
                 self._note_failure(e)
                 if self._stop.wait(RETRY_BACKOFF_S):
                     raise
@@ -620,8 +648,7 @@ class WriteLoad:
             times = sorted(
                 w.acked_at for w in self.acked if start <= w.acked_at <= end and (shard is None or w.shard == shard)
             )
-        points = [start, *times, end]
-        return max(b - a for a, b in zip(points, points[1:]))
+        return max(b - a for a, b in itertools.pairwise([start, *times, end]))
 
     def verify(self, readers: int = 4) -> str:
         """Reads back every acknowledged write with fresh official clients; returns a summary.
@@ -713,6 +740,12 @@ def write_load() -> Iterator[Callable[..., WriteLoad]]:
     yield start
     for load in loads:
         load.stop_nowait()
+
+
+@pytest.fixture
+def port_block() -> Callable[[int], int]:
+    """`port_block(n)`: the first of n consecutive free loopback ports (see `free_ports`)."""
+    return free_ports
 
 
 # ------------------------------------------------------------------ measurements

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -55,7 +54,7 @@ FAILOVER_TIMEOUT_S = 20.0
 # ------------------------------------------------------------------ 1. leader kills
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_leader_killed_five_times_under_concurrent_writes(
     make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
 ) -> None:
@@ -78,7 +77,7 @@ def test_leader_killed_five_times_under_concurrent_writes(
             f"first write issued after the kill acknowledged {failovers[-1]:.2f} s after it"
         )
         cluster.restart(leader)
-        cluster.wait_following(leader, shard)
+        cluster.wait_rejoined(leader)  # a majority of every shard is up before the next kill
     load.wait_for_write_after(time.monotonic(), shard, FAILOVER_TIMEOUT_S, count=20)
     load.stop()
     measure(
@@ -92,18 +91,18 @@ def test_leader_killed_five_times_under_concurrent_writes(
 # ------------------------------------------------------------------ 2. follower kill
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_follower_kill_does_not_interrupt_writes(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
     """Losing one follower of three changes nothing for writers: no election, no pause."""
     cluster = make_cluster(nodes=3, shards=1, replication_factor=3)
     shard = 0
     before = cluster.shard_metadata(shard)
     follower = next(n for n in before.ensemble if n != before.leader)
-    load = write_load(cluster)
+    load = write_load(cluster, clients=4)
     load.wait_for_write_after(time.monotonic(), shard, 20, count=50)
     killed_at = cluster.kill9(follower)
     first = load.wait_for_write_after(killed_at, shard, 5)
-    load.wait_for_write_after(killed_at, shard, 20, count=200)
+    load.wait_for_write_after(killed_at, shard, 20, count=100)
     window_end = time.monotonic()
     after = cluster.shard_metadata(shard)
     assert (after.term, after.leader) == (before.term, before.leader), "losing a follower started an election"
@@ -123,7 +122,7 @@ def test_follower_kill_does_not_interrupt_writes(make_cluster: MakeCluster, writ
 # ------------------------------------------------------------------ 3. wiped follower
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_wiped_follower_rejoins_by_snapshot(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
     """A follower whose data directory was deleted while down is rebuilt from a snapshot."""
     cluster = make_cluster(nodes=3, shards=1, replication_factor=3)
@@ -140,7 +139,7 @@ def test_wiped_follower_rejoins_by_snapshot(make_cluster: MakeCluster, write_loa
     cluster.wait_following(follower, shard)
     load.wait_for_write_after(restarted_at, shard, 20, count=100)
     load.stop()
-    lead, mine = cluster.wait_caught_up(follower, shard)
+    _, mine = cluster.wait_caught_up(follower, shard)
     measure(
         f"wiped follower rejoined and converged {time.monotonic() - restarted_at:.2f} s after its restart: "
         f"head {mine.head.offset} and commit {mine.commit_offset} equal the leader's"
@@ -171,17 +170,17 @@ def test_wiped_follower_rejoins_by_snapshot(make_cluster: MakeCluster, write_loa
 # ------------------------------------------------------------------ 4. coordinator kill
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_coordinator_kill_and_restart(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
     """Without the coordinator the data path works; restarted, it manages the same shards."""
     cluster = make_cluster(nodes=3, shards=2, replication_factor=3)
     before = {m.shard: (m.term, m.leader) for m in cluster.status().metadata.shards}
-    load = write_load(cluster)
+    load = write_load(cluster, clients=4)
     load.wait_for_write_after(time.monotonic(), None, 20, count=50)
 
     killed_at = cluster.kill9_coordinator()
     for shard in range(cluster.shards):
-        load.wait_for_write_after(killed_at, shard, 10, count=50)
+        load.wait_for_write_after(killed_at, shard, 10, count=30)
     with cluster.open_client() as reader:
         acked_so_far = load.writes_issued_after(0)
         sample = load.writes_issued_after(killed_at)[-1]
@@ -208,31 +207,12 @@ def test_coordinator_kill_and_restart(make_cluster: MakeCluster, write_load: Mak
         f"first write issued after the kill acknowledged {first.acked_at - killed_at:.2f} s after it"
     )
     cluster.restart(leader)
-    cluster.wait_following(leader, shard)
+    cluster.wait_rejoined(leader)
     load.stop()
     measure("  " + load.verify())
 
 
 # ------------------------------------------------------------------ the CLI's cluster command
-
-
-def _consecutive_free_ports(count: int) -> int:
-    """A base port such that base .. base+count-1 are all free."""
-    for _ in range(200):
-        base = 20000 + int.from_bytes(os.urandom(2), "big") % 30000
-        sockets: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports found")
 
 
 def _children_of(pid: int) -> list[int]:
@@ -261,9 +241,10 @@ def _pid_exists(pid: int) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_cli_cluster_command_end_to_end(tmp_path: Path) -> None:
+def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[int], int]) -> None:
+    """`quorumstore cluster` starts, serves the official client, reports status, stops on Ctrl-C."""
     nodes = 3
-    base = _consecutive_free_ports(nodes + 1)
+    base = port_block(nodes + 1)
     command = [
         sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", str(nodes), "--shards", "2",
         "--replication-factor", "3", "--data-dir", str(tmp_path / "qs"), "--base-port", str(base),
@@ -298,7 +279,7 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path) -> None:
 
         status = subprocess.run(
             [sys.executable, "-m", "quorumstore.cli", "status", "--coordinator", coordinator.group(1)],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True, text=True, timeout=30, check=False,
         )
         assert status.returncode == 0, status.stderr
         assert re.search(r"default/0\s+online", status.stdout) and re.search(r"default/1\s+online", status.stdout), status.stdout

@@ -70,6 +70,7 @@ def spark(cluster: LocalCluster) -> Iterator[SparkSession]:
         .appName("quorumstore-state-store-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
     )
     for key, value in spark_confs(",".join(cluster.nodes), timeout_ms=60_000).items():

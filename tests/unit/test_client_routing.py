@@ -70,7 +70,9 @@ def test_from_proto_reads_the_assignments_and_refuses_other_routers() -> None:
             pb.ShardAssignment(
                 shard=3,
                 leader="n:1",
-                int32_hash_range=pb.Int32HashRange(min_hash_inclusive=0, max_hash_inclusive=2**32 - 1),
+                int32_hash_range=pb.Int32HashRange(
+                    min_hash_inclusive=0, max_hash_inclusive=2**32 - 1
+                ),
             )
         ],
         shard_key_router=pb.XXHASH3,

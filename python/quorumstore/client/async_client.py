@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Self
@@ -134,6 +135,7 @@ class AsyncClient:
         self._caller: ShardCaller | None = None
         self._write_batchers: dict[int, Batcher[WriteOp]] = {}
         self._read_batchers: dict[int, Batcher[GetOp]] = {}
+        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
         self._closed = False
 
     # ------------------------------------------------------------ lifecycle
@@ -158,12 +160,14 @@ class AsyncClient:
         return self
 
     async def close(self) -> None:
-        """Sends what is queued, waits for in-flight batches, and closes the connections."""
+        """Sends what is queued, waits for in-flight batches, ends notification
+        subscriptions, and closes the connections."""
         if self._closed:
             return
         self._closed = True
         batchers = [*self._write_batchers.values(), *self._read_batchers.values()]
         await asyncio.gather(*(b.drain() for b in batchers))
+        await asyncio.gather(*(s.aclose() for s in list(self._subscriptions)))
         if self._directory is not None:
             await self._directory.close()
         if self._channels is not None:
@@ -490,7 +494,9 @@ class AsyncClient:
                 )
             start_offset_exclusive = {shard: start_offset_exclusive}
         shards = directory.map.shards if shard is None else [shard]
-        return Subscription(self._caller, shards, start_offset_exclusive or {})
+        subscription = Subscription(self._caller, shards, start_offset_exclusive or {})
+        self._subscriptions.add(subscription)
+        return subscription
 
     # ------------------------------------------------------------ helpers
 

@@ -84,7 +84,11 @@ class LoopThread:
 
     def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Runs `coroutine` on the loop and returns its result (or raises its error)."""
-        self._check_caller()
+        try:
+            self._check_caller()
+        except BaseException:
+            coroutine.close()  # never run: no "was never awaited" warning
+            raise
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def submit(self, start: Callable[..., asyncio.Future[T]], *args: object) -> T:
@@ -110,10 +114,27 @@ class LoopThread:
                 waiter.fail(e)
 
     def stop(self) -> None:
-        """Stops the loop, joins the thread and closes the loop."""
+        """Winds the loop down as `asyncio.run` does, then joins the thread.
+
+        Tasks still pending (gRPC's own, say) are cancelled and allowed to finish,
+        so that none is destroyed pending.
+        """
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("LoopThread.stop() must not run on the loop's own thread")
+        if not self.stopped:
+            asyncio.run_coroutine_threadsafe(_cancel_tasks(), self.loop).result()
         self.stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
         while self._inbox:
             self._inbox.popleft()[2].fail(ClientClosed("the client was closed"))
+
+
+async def _cancel_tasks() -> None:
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()

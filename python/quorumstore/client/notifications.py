@@ -75,7 +75,12 @@ class Subscription:
         #: Per shard, the offset of the last entry delivered (or the start position).
         self.offsets: dict[int, int | None] = {s: start_offsets.get(s) for s in shards}
         self._caller = caller
-        self._queue: asyncio.Queue[list[Notification] | BaseException] = asyncio.Queue(_QUEUE_SIZE)
+        # Chunks of notifications, the error that ended a shard's stream, or None
+        # (closed: wakes a reader waiting on an empty queue).
+        self._queue: asyncio.Queue[list[Notification] | BaseException | None] = asyncio.Queue(
+            _QUEUE_SIZE
+        )
+        self._closed = False
         self._pending: deque[Notification] = deque()
         self._positioned: set[int] = set()
         self._ready = asyncio.Event()
@@ -114,12 +119,19 @@ class Subscription:
             await self._queue.put(e)
 
     async def next_chunk(self) -> list[Notification]:
-        """The notifications received so far (at least one; waits for it)."""
+        """The notifications received so far (at least one; waits for it).
+
+        Raises StopAsyncIteration once the subscription is closed.
+        """
         if self._pending:
             chunk = list(self._pending)
             self._pending.clear()
             return chunk
+        if self._closed and self._queue.empty():
+            raise StopAsyncIteration
         item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
         if isinstance(item, BaseException):
             await self.aclose()
             raise item
@@ -134,10 +146,13 @@ class Subscription:
         return self._pending.popleft()
 
     async def aclose(self) -> None:
-        """Stops following the shards."""
+        """Stops following the shards; iterating then ends."""
+        self._closed = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._queue.empty():
+            self._queue.put_nowait(None)
 
     async def __aenter__(self) -> Self:
         return await self.wait_ready()

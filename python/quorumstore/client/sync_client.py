@@ -53,6 +53,10 @@ class Client:
     def closed(self) -> bool:
         return self._runner.stopped
 
+    def shard_for(self, key: str) -> int:
+        """The shard a key (or partition key) routes to under the current map."""
+        return self._runner.call(_shard_for(self._async, key))
+
     # ------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
@@ -220,7 +224,10 @@ class Notifications:
 
     def __next__(self) -> Notification:
         if not self._pending:
-            self._pending.extend(self._client._call(self._subscription.next_chunk()))
+            try:
+                self._pending.extend(self._client._call(self._subscription.next_chunk()))
+            except StopAsyncIteration:
+                raise StopIteration from None
         return self._pending.popleft()
 
     def close(self) -> None:
@@ -232,6 +239,10 @@ class Notifications:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+async def _shard_for(client: AsyncClient, key: str) -> int:
+    return client.shard_for(key)
 
 
 async def _next_chunk(chunks: AsyncIterator[list[Record]]) -> list[Record]:

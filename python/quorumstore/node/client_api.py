@@ -43,6 +43,7 @@ import asyncio
 import enum
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -351,6 +352,11 @@ def _shard_index(table: replication_pb2.ShardAssignmentsUpdate) -> dict[int, tup
     }
 
 
+def _monotonic_ms() -> int:
+    """Session clocks: a wall-clock jump must not expire sessions."""
+    return time.monotonic_ns() // 1_000_000
+
+
 def _origin(context: grpc.aio.ServicerContext) -> ClientSerial | None:
     """The exactly-once (client id, serial) a Write carries in its metadata, if any."""
     metadata = {m.key: m.value for m in context.invocation_metadata() or ()}
@@ -415,6 +421,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         max_inflight_stream_writes: int = DEFAULT_MAX_INFLIGHT_STREAM_WRITES,
         session_check_interval_s: float = DEFAULT_SESSION_CHECK_INTERVAL_S,
         stream_poll_interval_s: float = DEFAULT_STREAM_POLL_INTERVAL_S,
+        session_clock_ms: Callable[[], int] = _monotonic_ms,
     ) -> None:
         limits = {
             "max_key_bytes": max_key_bytes,
@@ -439,7 +446,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         # The shard index of the last table seen, rebuilt when the table object changes.
         self._indexed_table: replication_pb2.ShardAssignmentsUpdate | None = None
         self._index: dict[int, tuple[str, str]] = {}
-        self._sessions = SessionKeeper(directory.now_ms)
+        self._sessions = SessionKeeper(session_clock_ms)
         self._relays = Relays()
         self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
 
@@ -479,8 +486,8 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         except RequestError as e:
             await e.abort(context)
 
-    def _locate(self, request_shard: int | None) -> tuple[str, str]:
-        """(namespace, leader address in the routing table) of a shard."""
+    def _locate(self, request_shard: int | None) -> tuple[int, str, str]:
+        """(shard, namespace, leader address in the routing table) of the named shard."""
         if request_shard is None:
             raise _invalid("the request names no shard; quorumstore does not route by key")
         table = self._directory.assignments()
@@ -490,16 +497,16 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         located = self._index.get(request_shard)
         if located is None:
             raise _invalid(f"unknown shard {request_shard}: it is in no namespace of this cluster")
-        return located
+        return (request_shard, *located)
 
     def _leader_host(self, request_shard: int | None) -> ShardHostApi:
         """The leader replica of the named shard on this node, or the error to return."""
-        namespace, table_leader = self._locate(request_shard)
-        host = self._directory.shard_host(namespace, request_shard)  # type: ignore[arg-type]
+        shard, namespace, table_leader = self._locate(request_shard)
+        host = self._directory.shard_host(namespace, shard)
         if host is None:
-            raise _not_leader(request_shard, table_leader or None)  # type: ignore[arg-type]
+            raise _not_leader(shard, table_leader or None)
         if not host.is_leader():
-            raise _not_leader(request_shard, host.leader_hint())  # type: ignore[arg-type]
+            raise _not_leader(shard, host.leader_hint())
         return host
 
     def _route(

@@ -61,6 +61,9 @@ class ShardHost:
         self._transport = transport
         self._io = io_executor
         directory.mkdir(parents=True, exist_ok=True)
+        for leftover in directory.glob("snapshot-staging*"):  # streams cut by a crash
+            shutil.rmtree(leftover, ignore_errors=True)
+        self._staging_sequence = 0
         self.wal = Wal.open(directory / "wal", sync=wal_sync)
         self.kv = RocksKv(directory / "kv")
         self.machine = ShardStateMachine(self.kv)
@@ -159,7 +162,14 @@ class ShardHost:
         return not self._closed and self.replica.can_install_snapshot(term, leader)
 
     def staging_directory(self) -> Path:
-        path = self.directory / "snapshot-staging"
+        """A fresh directory to stage one incoming snapshot stream in.
+
+        One per stream: a leader may start another snapshot while one is still arriving
+        (its retransmission, or a new cursor), and a shared directory would be deleted
+        under the first stream's RocksDB, failing both (DATA_LOSS) again and again.
+        """
+        self._staging_sequence += 1
+        path = self.directory / f"snapshot-staging-{self._staging_sequence}"
         if path.exists():
             shutil.rmtree(path)
         return path

@@ -293,8 +293,11 @@ class ShardReplica:
         if msg.term != self.term or self.role is not Role.LEADER or msg.follower == self.node:
             return
         existing = self._cursors.get(msg.follower)
-        if existing is not None and existing.acked_offset >= 0:
-            return  # already following in this term; a late duplicate must not reset it
+        if existing is not None and (existing.acked_offset >= 0 or existing.state is CursorState.SNAPSHOT):
+            # Already following in this term, or a snapshot to it is under way (the
+            # coordinator repeats AddFollower while the follower stays fenced, i.e. until
+            # the snapshot is installed): a late duplicate must not reset it.
+            return
         self._transition(Trigger.ADD_FOLLOWER)
         self._start_following(msg.follower, msg.follower_head)
 

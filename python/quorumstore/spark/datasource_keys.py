@@ -31,6 +31,7 @@ from pyspark.sql.datasource import (
     GreaterThan,
     GreaterThanOrEqual,
     In,
+    IsNotNull,
     LessThan,
     LessThanOrEqual,
     StringStartsWith,
@@ -152,7 +153,9 @@ class KeyFilter:
             return self._push_shard(f)
         if f.attribute != ("key",):
             return False
-        if isinstance(f, EqualTo) and isinstance(f.value, str):
+        if isinstance(f, IsNotNull):
+            pass  # keys are never null
+        elif isinstance(f, EqualTo) and isinstance(f.value, str):
             self._restrict_keys([f.value])
         elif isinstance(f, In) and all(isinstance(v, str) for v in f.value):
             self._restrict_keys(f.value)

@@ -50,14 +50,15 @@ class Use(enum.Enum):
 _COMMON = {"address", "namespace", "valueFormat", "retryTimeout", "connectTimeout"}
 _ALLOWED: dict[Use, set[str]] = {
     Use.READ: _COMMON | {"valueSchema", "keyStart", "keyEnd", "keyPrefix", "readFrom", "maxRowsPerPartition"},
-    Use.WRITE: _COMMON | {"valueColumns"},
+    Use.WRITE: _COMMON | {"valueColumns", "chunkRows"},
     Use.STREAM_READ: _COMMON | {"valueSchema", "startingOffsets"},
     # Spark passes the sink's checkpoint location on as an option.
-    Use.STREAM_WRITE: _COMMON | {"valueColumns", "checkpointLocation"},
+    Use.STREAM_WRITE: _COMMON | {"valueColumns", "chunkRows", "checkpointLocation"},
 }
 _ALLOWED[Use.ANY_READ] = _ALLOWED[Use.READ] | _ALLOWED[Use.STREAM_READ]
 _ADDRESS = re.compile(r"[^\s,:]+:\d{1,5}")
 DEFAULT_MAX_ROWS_PER_PARTITION = 1_000_000
+DEFAULT_CHUNK_ROWS = 65536
 
 
 def _error(condition: str, message: str) -> QuorumstoreOptionError:
@@ -92,6 +93,7 @@ class SourceOptions:
     key_prefix: str = ""
     read_from: str = "leader"
     max_rows_per_partition: int = DEFAULT_MAX_ROWS_PER_PARTITION
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
     starting_offsets: str = "latest"
     retry_timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
@@ -153,6 +155,7 @@ class SourceOptions:
             key_prefix=given.get("keyPrefix", ""),
             read_from=read_from,
             max_rows_per_partition=int(_positive(given, "maxRowsPerPartition", DEFAULT_MAX_ROWS_PER_PARTITION, int)),
+            chunk_rows=int(_positive(given, "chunkRows", DEFAULT_CHUNK_ROWS, int)),
             starting_offsets=starting,
             retry_timeout_s=_positive(given, "retryTimeout", 60.0, float),
             connect_timeout_s=_positive(given, "connectTimeout", 10.0, float),

@@ -52,9 +52,8 @@ from quorumstore.spark.datasource_values import TYPED_FORMATS, SchemaError, Valu
 from quorumstore.storage.keys import decode_key, encode_keys
 from quorumstore.storage.write_batch import ClientSerial
 
-#: A shard's staged or written chunk is cut at this many rows ...
-CHUNK_ROWS = 65536
-#: ... or about this many bytes, whichever comes first.
+#: A shard's staged or written chunk is cut at `chunkRows` rows or about this many
+#: bytes, whichever comes first.
 CHUNK_BYTES = 8 * 1024 * 1024
 #: Stream serials: batch id << _CHUNK_BITS | chunk index within (batch, partition, shard).
 _CHUNK_BITS = 20
@@ -138,9 +137,10 @@ class RowEncoder:
 
 
 class _ShardBuffers:
-    """Rows routed to shards, cut into chunks of about CHUNK_ROWS / CHUNK_BYTES."""
+    """Rows routed to shards, cut into chunks of about `chunk_rows` rows / CHUNK_BYTES."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunk_rows: int) -> None:
+        self._chunk_rows = chunk_rows
         self._tables: dict[int, list[pa.Table]] = {}
         self._rows: dict[int, int] = {}
         self._bytes: dict[int, int] = {}
@@ -150,7 +150,7 @@ class _ShardBuffers:
         self._tables.setdefault(shard, []).append(rows)
         self._rows[shard] = self._rows.get(shard, 0) + rows.num_rows
         self._bytes[shard] = self._bytes.get(shard, 0) + rows.nbytes
-        if self._rows[shard] >= CHUNK_ROWS or self._bytes[shard] >= CHUNK_BYTES:
+        if self._rows[shard] >= self._chunk_rows or self._bytes[shard] >= CHUNK_BYTES:
             return self.take(shard)
         return None
 
@@ -194,7 +194,7 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
         # taskAttemptId is unique in the application, unlike (partition, attemptNumber)
         # across stage attempts.
         message = StagedWrite(part=f"{context.partitionId()}-{context.taskAttemptId()}")
-        buffers = _ShardBuffers()
+        buffers = _ShardBuffers(self.options.chunk_rows)
         with self.options.client() as client:
 
             def stage(shard: int, rows: pa.Table) -> None:
@@ -291,7 +291,7 @@ class QuorumstoreStreamWriter(DataSourceStreamArrowWriter):
         client_id = f"spark-stream/{query_id}/{context.partitionId()}"
         chunks: dict[int, int] = {}
         message = StreamedWrite()
-        buffers = _ShardBuffers()
+        buffers = _ShardBuffers(self.options.chunk_rows)
         with self.options.client() as client:
 
             def send(shard: int, rows: pa.Table) -> None:

@@ -54,7 +54,7 @@ final class WireException(
       true
     case "UNKNOWN" | "FAILED_PRECONDITION" =>
       val text = String.valueOf(description).toLowerCase(java.util.Locale.ROOT)
-      text.contains("not leader") || text.contains("code 106") || text.contains("leader")
+      text.contains("not leader") || text.contains("code 106")
     case _ => false
   }
 }

@@ -204,6 +204,10 @@ object OxiaWire {
       new Builder("GetRequest").set("key", k).set("include_value", true).build()))
     val gets = streamAll(conn, readMethod, request.build(), timeoutMs).flatMap(messages(_, "gets"))
       .toVector
+    if (gets.size != keys.size) {
+      throw new WireException("INTERNAL", s"${conn.address} answered ${gets.size} of " +
+        s"${keys.size} gets of shard $shard", None, null)
+    }
     keys.zip(gets).map { case (key, g) =>
       if (enumNumber(g, "status") != OxiaStatus.Ok) None
       else Some(Record(key, if (has(g, "value")) bytes(g, "value") else Array.emptyByteArray,

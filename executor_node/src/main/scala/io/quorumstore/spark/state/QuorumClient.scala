@@ -118,7 +118,7 @@ final class QuorumClient private (val addresses: Seq[String], val namespace: Str
   /** Point reads of `keys` (all under `partitionKey`), in order; None where absent. */
   def read(partitionKey: String, keys: Seq[String], timeoutMs: Long): Seq[Option[Record]] =
     if (keys.isEmpty) Nil
-    else withLeader(partitionKey, timeoutMs, s"reading ${keys.head} and ${keys.size - 1} more") {
+    else withLeader(partitionKey, timeoutMs, s"reading ${keys.size} key(s) from ${keys.head}") {
       (conn, shard, remaining, _) => OxiaWire.read(conn, shard, keys, remaining)
     }
 

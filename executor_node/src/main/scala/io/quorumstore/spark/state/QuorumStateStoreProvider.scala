@@ -101,13 +101,14 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
       forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore = {
     require(version >= 0, s"state store version must not be negative, got $version")
+    val started = System.nanoTime()
+    // The fencing token is the head as this attempt first sees it, before any waiting.
+    val head = partition.readHead()
     if (!writer.tryAcquire(conf.timeoutMs, TimeUnit.MILLISECONDS)) {
       throw new IllegalStateException(s"state partition $partitionKey is still being written " +
         s"by $writerOwner on this executor after ${conf.timeoutMs} ms")
     }
     try {
-      val started = System.nanoTime()
-      val head = partition.readHead()
       val copy =
         if (loadEmpty) LocalCopy(version, uniqueId.getOrElse(""), new StateMap)
         else load(version, uniqueId, head.map(_._1), started)

@@ -1,0 +1,366 @@
+"""The data service (node/data_api.py) through DataClient, against real servers.
+
+Most tests share one `quorumstore standalone` process (4 shards, one replica each);
+the follower tests start a 3-node cluster (tests/process/conftest.py's LocalCluster).
+Key filter planning (spark/datasource_keys.py) is checked here too: it decides what
+the scans ask for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringStartsWith
+
+from quorumstore.data_client import DataClient, DataClientError, key_hash, read_ipc
+from quorumstore.proto import quorumstore_data_pb2 as pb
+from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
+from quorumstore.spark.datasource_keys import KeyFilter, intersect, prefix_ranges
+from quorumstore.storage.keys import compare_keys
+from quorumstore.storage.write_batch import ClientSerial
+
+SHARDS = 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(address, data dir) of a standalone server with 4 shards."""
+    data = tmp_path_factory.mktemp("standalone")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quorumstore.cli", "standalone", "--shards", str(SHARDS), "--port", "0",
+         "--data-dir", str(data), "--no-fsync"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"listening on (\S+)", line)
+        assert match, f"standalone did not start: {line}{proc.stdout.read() if proc.poll() is not None else ''}"
+        yield match.group(1), data
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+@pytest.fixture
+def client(server: tuple[str, Path]) -> Iterator[DataClient]:
+    with DataClient(server[0], retry_s=10) as c:
+        yield c
+
+
+def rows(keys: list[str], tag: str = "v") -> pa.Table:
+    return pa.table({"key": keys, "value": [f"{tag}:{k}".encode() for k in keys]})
+
+
+def write_all(client: DataClient, table: pa.Table, client_id: str) -> None:
+    for shard, part in client.route(table).items():
+        client.write(shard, part, origin=ClientSerial(client_id, 0))
+
+
+def scan_all(client: DataClient, **kwargs) -> dict[str, bytes]:
+    out = {}
+    for s in client.shards():
+        for batch, _ in client.scan(s.shard, **kwargs):
+            out.update(zip(batch.column("key").to_pylist(), batch.column("value").to_pylist()))
+    return out
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}/"
+
+
+# ------------------------------------------------------------------ routing, reads
+
+
+def test_shards_tile_the_hash_space_and_route_like_key_hash(client: DataClient) -> None:
+    shards = client.shards()
+    assert [s.shard for s in shards] == list(range(SHARDS))
+    assert shards[0].min_hash == 0 and shards[-1].max_hash == 0xFFFFFFFF
+    assert all(a.max_hash + 1 == b.min_hash for a, b in zip(shards, shards[1:]))
+    table = rows([f"r/{i}" for i in range(200)])
+    for shard, part in client.route(table).items():
+        for key in part.column("key").to_pylist():
+            s = client.shard(shard)
+            assert s.min_hash <= key_hash(key) <= s.max_hash
+
+
+def test_write_then_scan_round_trip_with_commit_offsets(client: DataClient) -> None:
+    prefix = unique("rt")
+    table = rows([f"{prefix}{i:04d}" for i in range(1000)])
+    write_all(client, table, f"rt-{prefix}")
+    got = scan_all(client, ranges=prefix_ranges(prefix))
+    assert got == dict(zip(table.column("key").to_pylist(), table.column("value").to_pylist()))
+    shard = client.shard_of(f"{prefix}0000")
+    chunks = list(client.scan(shard, ranges=prefix_ranges(prefix), batch_rows=7))
+    assert all(b.num_rows <= 7 for b, _ in chunks)
+    offsets = {o for _, o in chunks}
+    assert offsets == {client.offsets(shard).commit_offset}
+
+
+def test_a_scan_that_finds_nothing_still_reports_its_offset(client: DataClient) -> None:
+    [(batch, offset)] = list(client.scan(0, ranges=prefix_ranges("no-such-prefix/")))
+    assert batch.num_rows == 0 and offset == client.offsets(0).commit_offset
+
+
+def test_point_reads_by_key(client: DataClient) -> None:
+    prefix = unique("pt")
+    keys = [f"{prefix}{i}" for i in range(20)]
+    write_all(client, rows(keys), f"pt-{prefix}")
+    shard = client.shard_of(keys[3])
+    mine = [k for k in keys if client.shard_of(k) == shard]
+    [(batch, _)] = list(client.scan(shard, keys=[*mine, f"{prefix}missing", mine[0]]))
+    assert sorted(batch.column("key").to_pylist()) == sorted(mine)
+
+
+def test_a_scan_sees_one_snapshot_while_writes_go_on(client: DataClient) -> None:
+    prefix = unique("snap")
+    keys = [f"{prefix}{i:05d}" for i in range(3000)]
+    write_all(client, rows(keys, "old"), f"snap-a-{prefix}")
+    shard = client.shard_of(keys[0])
+    mine = client.route(rows(keys, "new"))[shard]
+    stream = client.scan(shard, ranges=prefix_ranges(prefix), batch_rows=100)
+    first, offset = next(stream)
+    client.write(shard, mine, origin=ClientSerial(f"snap-b-{prefix}", 0))  # every key, mid-scan
+    values = first.column("value").to_pylist() + [v for b, _ in stream for v in b.column("value").to_pylist()]
+    assert len(values) == mine.num_rows and all(v.startswith(b"old:") for v in values)
+    assert offset < client.offsets(shard).commit_offset
+
+
+def test_split_ranges_cut_a_shard_into_pieces_of_at_most_max_rows(client: DataClient) -> None:
+    prefix = unique("split")
+    keys = [f"{prefix}{i:04d}" for i in range(800)]
+    write_all(client, rows(keys), f"split-{prefix}")
+    shard = client.shard_of(keys[0])
+    ranges = prefix_ranges(prefix)
+    pieces = client.split_ranges(shard, ranges, 50)
+    counts = [sum(b.num_rows for b, _ in client.scan(shard, ranges=[p])) for p in pieces]
+    assert max(counts) <= 50 and sum(counts) == sum(b.num_rows for b, _ in client.scan(shard, ranges=ranges))
+    assert client.split_ranges(shard, ranges, 10**9) == ranges
+
+
+# ------------------------------------------------------------------ writes
+
+
+def test_a_retried_serial_is_applied_once(client: DataClient) -> None:
+    prefix = unique("once")
+    table = rows([f"{prefix}{i}" for i in range(50)])
+    shard, part = next(iter(client.route(table).items()))
+    first = client.write(shard, part, origin=ClientSerial(f"once-{prefix}", 3))
+    again = client.write(shard, part, origin=ClientSerial(f"once-{prefix}", 3))
+    assert not first.duplicate and again.duplicate
+    [(batch, _)] = list(client.scan(shard, keys=part.column("key").to_pylist()))
+    assert set(batch.column("modifications_count").to_pylist()) == {0}
+
+
+def test_replace_deletes_the_range_and_puts_in_one_entry(client: DataClient) -> None:
+    prefix = unique("repl")
+    keys = [f"{prefix}{i:03d}" for i in range(300)]
+    write_all(client, rows(keys), f"repl-a-{prefix}")
+    shard = client.shard_of(keys[0])
+    before = client.offsets(shard).commit_offset
+    replacement = rows([k for k in keys[100:110] if client.shard_of(k) == shard], "new")
+    result = client.write(shard, replacement, replace=(keys[100], keys[199]), origin=ClientSerial(f"repl-b-{prefix}", 0))
+    assert result.offset == before + 1
+    got = {k for b, _ in client.scan(shard, ranges=prefix_ranges(prefix)) for k in b.column("key").to_pylist()}
+    expected = {k for k in keys if client.shard_of(k) == shard and not (keys[100] <= k < keys[199])}
+    assert got == expected | set(replacement.column("key").to_pylist())
+    [changes] = list(client.changes(shard, before, result.offset))
+    assert changes.column("operation").to_pylist()[0] == 2  # the range, then the puts
+    assert set(changes.column("offset").to_pylist()) == {result.offset}
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        (pa.table({"key": ["a", "a"], "value": [b"1", b"2"]}), "repeat a key"),
+        (pa.table({"key": ["", "b"], "value": [b"1", b"2"]}), "empty key"),
+        (pa.table({"key": ["a"], "other": [b"1"]}), "no column"),
+        (pa.table({"key": ["a"], "value": ["text"]}), "is string, expected binary"),
+    ],
+)
+def test_bad_rows_are_refused_before_anything_is_written(client: DataClient, table: pa.Table, message: str) -> None:
+    request = pb.WriteArrowRequest(namespace="default", shard=0, unique_keys=True, ipc=_ipc(table))
+    with pytest.raises(grpc.RpcError) as caught:
+        _stub(client).WriteArrow(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in caught.value.details()
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _stub(client: DataClient) -> pb_grpc.QuorumstoreDataStub:
+    return pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(client.shard(0).leader))
+
+
+def test_staged_rows_are_invisible_until_published_once(client: DataClient, server: tuple[str, Path]) -> None:
+    prefix = unique("stage")
+    write_id = uuid.uuid4().hex
+    table = rows([f"{prefix}{i:03d}" for i in range(300)])
+    shard, part = max(client.route(table).items(), key=lambda item: item[1].num_rows)
+    client.stage(shard, write_id, "p0-a1", 0, part.slice(0, 100))
+    client.stage(shard, write_id, "p0-a1", 1, part.slice(100))
+    client.stage(shard, write_id, "p0-a0", 0, rows(["ghost/from-a-failed-attempt"]))
+    staging = server[1] / "node" / "data-staging" / write_id
+    assert staging.is_dir()
+    assert scan_all(client, ranges=prefix_ranges(prefix)) == {}
+    origin = ClientSerial(f"spark-write/{write_id}", 0)
+    parts = [("p0-a1", 2, part.num_rows)]
+    check = client.publish(shard, write_id, parts, origin=origin, validate_only=True)
+    assert check.rows == part.num_rows and scan_all(client, ranges=prefix_ranges(prefix)) == {}
+    done = client.publish(shard, write_id, parts, origin=origin, unique_keys=True)
+    assert not done.duplicate and done.rows == part.num_rows
+    assert len(scan_all(client, ranges=prefix_ranges(prefix))) == part.num_rows
+    assert client.publish(shard, write_id, parts, origin=origin).duplicate  # files are gone; still answered
+    client.discard(write_id)
+    assert not staging.exists()
+    assert scan_all(client, ranges=prefix_ranges("ghost/")) == {}
+
+
+def test_publishing_rows_that_are_not_staged_fails_cleanly(client: DataClient) -> None:
+    write_id = uuid.uuid4().hex
+    with pytest.raises(DataClientError) as caught:
+        client.publish(0, write_id, [("p9-a9", 1, 10)], origin=ClientSerial(f"spark-write/{write_id}", 0))
+    assert caught.value.code == grpc.StatusCode.UNAVAILABLE  # retried, then given up
+    assert "not on this node" in str(caught.value)
+
+
+def test_staging_refuses_ids_that_could_escape_its_directory(client: DataClient) -> None:
+    for write_id, part in [("../../etc", "p"), (uuid.uuid4().hex, "../x"), (uuid.uuid4().hex, ".hidden")]:
+        with pytest.raises(DataClientError) as caught:
+            client.stage(0, write_id, part, 0, rows(["k"]))
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# ------------------------------------------------------------------ changes
+
+
+def test_changes_come_in_offset_order_cut_at_entry_boundaries(client: DataClient) -> None:
+    prefix = unique("chg")
+    shard = 1
+    start = client.offsets(shard).commit_offset
+    written = []
+    for i in range(5):
+        keys = [k for k in (f"{prefix}{i}-{j}" for j in range(40)) if client.shard_of(k) == shard][:6]
+        client.write(shard, rows(keys), origin=ClientSerial(f"chg-{prefix}", i))
+        written.append(keys)
+    end = client.offsets(shard).commit_offset
+    request = pb.ReadChangesRequest(namespace="default", shard=shard, start_offset_exclusive=start, end_offset_inclusive=end, max_rows=1)
+    chunks = list(pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(client.shard(shard).leader)).ReadChanges(request))
+    assert [c.commit_offset for c in chunks] == list(range(start + 1, end + 1))  # one entry each
+    batches = [read_ipc(c.ipc) for c in chunks]
+    assert [b.column("key").to_pylist() for b in batches] == written
+    later = pa.Table.from_batches(list(client.changes(shard, start + 2, end)))
+    assert later.column("key").to_pylist() == [k for keys in written[2:] for k in keys]
+    assert sorted(set(later.column("offset").to_pylist())) == [start + 3, start + 4, start + 5]
+
+
+def test_changes_not_applied_yet_are_unavailable(client: DataClient) -> None:
+    end = client.offsets(2).commit_offset + 1000
+    request = pb.ReadChangesRequest(namespace="default", shard=2, start_offset_exclusive=-1, end_offset_inclusive=end)
+    with pytest.raises(grpc.RpcError) as caught:
+        list(_stub(client).ReadChanges(request))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "not yet" in caught.value.details()
+
+
+# ------------------------------------------------------------------ followers (3 nodes)
+
+
+def _local_cluster_class():
+    path = Path(__file__).resolve().parents[1] / "process" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("quorumstore_process_cluster", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.LocalCluster
+
+
+@pytest.mark.timeout(180)
+def test_followers_serve_reads_only_when_asked(tmp_path: Path) -> None:
+    cluster = _local_cluster_class()(tmp_path, nodes=3, shards=1, replication_factor=3, fsync=False)
+    try:
+        cluster.start()
+        with DataClient(",".join(cluster.nodes), retry_s=30) as c:
+            write_all(c, rows([f"f/{i}" for i in range(100)]), "followers")
+            [s] = c.shards()
+            follower = s.followers[0]
+            stub = pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(follower))
+            with pytest.raises(grpc.RpcError) as caught:
+                list(stub.ScanArrow(pb.ScanRequest(namespace="default", shard=0)))
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert dict(caught.value.trailing_metadata())["leader-hint"] == s.leader
+            deadline = time.monotonic() + 30
+            while True:  # the follower applies what the leader committed, soon
+                chunks = list(stub.ScanArrow(pb.ScanRequest(namespace="default", shard=0, allow_follower=True)))
+                if sum(read_ipc(ch.ipc).num_rows for ch in chunks) == 100 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert sum(read_ipc(ch.ipc).num_rows for ch in chunks) == 100
+            assert len(scan_all(c, allow_follower=True)) == 100
+    finally:
+        cluster.close()
+
+
+# ------------------------------------------------------------------ key filter planning
+
+
+def _in(key: str, ranges: list[tuple[str, str]]) -> bool:
+    return any(compare_keys(lo, key) <= 0 and (not hi or compare_keys(key, hi) < 0) for lo, hi in ranges)
+
+
+def test_prefix_ranges_hold_exactly_the_keys_with_the_prefix() -> None:
+    rng = random.Random(3)
+    alphabet = ["a", "b", "/", "\x00", "\U0010ffff", "é", "\ud7ff", "\ue000"]
+    keys = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(4000)})
+    prefixes = {"", "/", "a/", "a//", "\U0010ffff", "a/\U0010ffff"} | {
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(150)
+    }
+    for prefix in prefixes:
+        ranges = prefix_ranges(prefix)
+        wrong = [k for k in keys if _in(k, ranges) != k.startswith(prefix)]
+        assert not wrong, (prefix, ranges, wrong[:5])
+
+
+def test_key_filters_prune_to_exact_ranges_and_mask_exactly() -> None:
+    f = KeyFilter()
+    for pushed in [StringStartsWith(("key",), "user/1"), GreaterThanOrEqual(("key",), "user/10"), LessThan(("key",), "user/15")]:
+        assert f.push(pushed)
+    assert not f.push(EqualTo(("value",), b"x"))
+    ranges = f.ranges([("", "")])
+    assert ranges == prefix_ranges("user/1")
+    keys = pa.array(["user/1", "user/10", "user/12/x", "user/15", "user/2", "user/1a"])
+    assert keys.filter(f.mask(keys)).to_pylist() == ["user/10", "user/12/x"]  # "user/1a" > "user/15"
+    assert intersect(ranges, [("user/12", "")]) == [("user/12", "user/2"), ("user/1/", "user/2/")]
+
+
+def test_contradicting_key_filters_read_nothing() -> None:
+    f = KeyFilter()
+    f.push(StringStartsWith(("key",), "a"))
+    f.push(StringStartsWith(("key",), "b"))
+    assert f.ranges([("", "")]) == []
+    g = KeyFilter()
+    g.push(In(("key",), ["x", "y"]))
+    g.push(EqualTo(("key",), "z"))
+    assert g.keys == frozenset()
