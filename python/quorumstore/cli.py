@@ -195,8 +195,6 @@ def _run_cluster(args: argparse.Namespace) -> None:
 
 
 def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeout_s: float) -> "object":
-    from quorumstore.proto import replication_pb2 as pb
-
     deadline = time.monotonic() + timeout_s
     last_error = ""
     while time.monotonic() < deadline:
@@ -205,12 +203,32 @@ def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeo
                 raise CliError(f"a cluster process exited early ({' '.join(map(str, child.args[-6:]))}); see its log in the data directory")
         try:
             status = _fetch_status(admin, timeout=1)
-            if all(s.status == pb.ONLINE for s in status.metadata.shards):
+            if _all_replicas_serving(status):
                 return status
         except CliError as e:
             last_error = str(e)
         time.sleep(0.2)
     raise CliError(f"the cluster did not come online within {timeout_s:.0f} s ({last_error or 'shards still electing'})")
+
+
+def _all_replicas_serving(status: "object") -> bool:
+    """Every shard has a leader and every replica follows it in the leader's term.
+
+    ONLINE alone is not enough to hand out the client address: a replica still fenced
+    in the new term does not know the leader yet, so its node answers clients (or relays
+    for them) with "not leader" until the leader's first Append reaches it.
+    """
+    from quorumstore.proto import replication_pb2 as pb
+
+    shards = {(m.namespace, m.shard): m for m in status.metadata.shards}  # type: ignore[attr-defined]
+    if not shards or any(m.status != pb.ONLINE for m in shards.values()):
+        return False
+    serving = {
+        (r.namespace, r.shard, r.node)
+        for r in status.replicas  # type: ignore[attr-defined]
+        if r.role in (pb.LEADER, pb.FOLLOWER) and (r.namespace, r.shard) in shards and r.term == shards[(r.namespace, r.shard)].term
+    }
+    return all((m.namespace, m.shard, node) in serving for m in shards.values() for node in m.ensemble)
 
 
 def _fetch_status(address: str, timeout: float = 5) -> "object":

@@ -264,6 +264,8 @@ class LocalCluster:
         for node in self.nodes:
             self._wait_node_serving(node)
         status = self.wait_online()
+        for node in self.nodes:  # fully formed: every replica follows its leader
+            self.wait_rejoined(node)
         self._hash_ranges = sorted(
             HashRange(m.shard, m.hash_range.min_hash_inclusive, m.hash_range.max_hash_inclusive)
             for m in status.metadata.shards
@@ -415,11 +417,24 @@ class LocalCluster:
         )
 
     def wait_rejoined(self, node: str, timeout_s: float = ONLINE_TIMEOUT_S) -> None:
-        """Waits until a restarted `node` follows the leader of every shard it holds a replica of."""
-        deadline = time.monotonic() + timeout_s
-        for m in self.status().metadata.shards:
-            if node in m.ensemble:
-                self.wait_following(node, m.shard, max(0.0, deadline - time.monotonic()))
+        """Waits until `node` serves every shard it holds a replica of: it follows (or leads)
+        in the shard's current term, and the shard is online."""
+
+        def rejoined() -> bool:
+            for m in self.status().metadata.shards:
+                if node not in m.ensemble:
+                    continue
+                if m.status != pb.ONLINE:
+                    return False
+                mine = self.node_status(node, m.shard)
+                if mine.term != m.term or mine.role not in (pb.FOLLOWER, pb.LEADER):
+                    return False
+            return True
+
+        poll_until(rejoined, timeout_s, f"{node} to follow or lead each of its shards", describe=lambda: self.describe_node(node))
+
+    def describe_node(self, node: str) -> str:
+        return "\n".join(self.describe_shard(m.shard) for m in self.status().metadata.shards if node in m.ensemble)
 
     def wait_caught_up(self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S) -> tuple[pb.GetStatusResponse, pb.GetStatusResponse]:
         """Waits (with no writes running) until `node`'s replica has the leader's head and commit.
@@ -497,7 +512,7 @@ class LocalCluster:
 WRITERS = 8
 #: Puts per second each writer issues at most: a steady load that leaves CPU for the
 #: cluster's own work (restarts, elections) on a small machine.
-WRITES_PER_SECOND = 15.0
+WRITES_PER_SECOND = 10.0
 #: A writer retrying a failed put waits this long first (a back-off, not a poll).
 RETRY_BACKOFF_S = 0.05
 #: A writer whose puts have failed this long reopens its client on another live node.

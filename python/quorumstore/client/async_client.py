@@ -77,9 +77,10 @@ class AsyncClient:
 
     Options (docs/client.md has the details):
       namespace: the namespace to use (default "default").
-      linger_ms: how long a partial batch waits for more operations: until none
-        arrived for this long, at most 4x after its first (0: until the event loop
-        has run every ready task).
+      linger_ms: how long a partial batch of an idle shard waits for more
+        operations: until none arrived for this long, at most 4x after its first.
+        The default 0 sends it once the event loop has run every ready task; under
+        load batches form anyway, behind the partial batch in flight.
       max_batch_ops, max_batch_bytes: a batch is full at either.
       max_inflight_batches: batches of each kind (write, read) in flight per shard;
         of them, one partial batch at a time (full ones use the rest).
@@ -95,7 +96,7 @@ class AsyncClient:
         address: str,
         *,
         namespace: str = DEFAULT_NAMESPACE,
-        linger_ms: float = 1.0,
+        linger_ms: float = 0.0,
         max_batch_ops: int = 1000,
         max_batch_bytes: int = 1 << 20,
         max_inflight_batches: int = 4,

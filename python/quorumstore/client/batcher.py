@@ -6,11 +6,12 @@ entry -- are paid once for every operation in it. When a batch goes out:
 
 - a *full* batch (`max_ops` operations or `max_bytes` bytes) as soon as one of the
   `max_inflight` slots is free: bulk load is pipelined;
-- a *partial* batch once it has waited `linger_s` since its first operation, and
-  only while no other partial batch is in flight (Nagle's rule). Operations that
-  arrive meanwhile gather into the next batch, so the batch size follows the load
-  and the server's latency: one operation goes alone, 64 concurrent callers share
-  one write.
+- a *partial* batch once it has lingered -- until `linger_s` passed without a new
+  operation, at most 4 x `linger_s` after its first; with `linger_s` 0, until the
+  event loop has run every ready task -- and only while no other partial batch is in
+  flight (Nagle's rule). Operations that arrive meanwhile gather into the next
+  batch, so the batch size follows the load and the server's latency: one operation
+  goes alone, 64 concurrent callers share one write.
 
 Each slot is a numbered *lane*: a batch keeps its lane through all its retries and
 the lane carries nothing else meanwhile, so per lane batches are strictly

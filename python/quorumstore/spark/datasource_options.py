@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import re
@@ -105,9 +106,11 @@ class SourceOptions:
         for name, value in options.items():
             canonical = allowed.get(name.lower())
             if canonical is None:
+                close = difflib.get_close_matches(name.lower(), list(allowed), n=1)
+                hint = f" (did you mean {allowed[close[0]]}?)" if close else ""
                 raise _error(
                     "QUORUMSTORE_UNKNOWN_OPTION",
-                    f"unknown option {name!r} for {use.value}.format(\"quorumstore\"); "
+                    f"unknown option {name!r}{hint} for {use.value}.format(\"quorumstore\"); "
                     f"the options are {sorted(_ALLOWED[use] - {'checkpointLocation'})}",
                 )
             given[canonical] = value

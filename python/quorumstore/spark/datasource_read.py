@@ -166,7 +166,9 @@ class QuorumstoreScan(DataSourceReader):
                     out.extend(ScanPartition(shard, [piece], []) for piece in pieces)
             return out
 
-    def read(self, partition: ScanPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ScanPartition):
+            return  # Spark reads one placeholder partition when planning found none to read
         shaper = RowShaper(self.codec)
         client = self.options.client()
         try:

@@ -94,8 +94,11 @@ class NodeJob(threading.Thread):
     def cancel(self) -> None:
         """Stops resubmitting and cancels the running job; Spark then kills its tasks."""
         self._stopping.set()
-        if not spark_stopped(self._sc):
+        try:
             self._sc.cancelJobGroup(self.group)
+        except Exception:
+            if not spark_stopped(self._sc):
+                raise
 
     def running_tasks(self) -> int:
         """Tasks of this job group Spark still counts as running (they hold slots)."""
@@ -156,12 +159,22 @@ def spark_stopped(sc: SparkContext) -> bool:
 
 
 def describe_failure(error: BaseException) -> str:
-    """The lines of a (usually Py4J-wrapped) job failure that say why, without JVM stack frames."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    lines = [line for line in lines if line and not line.startswith(("at ", "... "))]
-    python_errors = [line for line in lines if line.startswith(("quorumstore", "node_task")) or "Error: " in line]
-    reason = python_errors[-1] if python_errors else (lines[0] if lines else type(error).__name__)
-    return reason if len(reason) <= 500 else reason[:497] + "..."
+    """Why a node job failed, in one line, from the Py4J error that wraps Spark's report.
+
+    A Python exception raised in a task is quoted from the traceback Spark embeds;
+    otherwise the innermost SparkException message ("Python worker exited unexpectedly
+    (crashed)" for a killed worker) is used.
+    """
+    lines = str(error).splitlines()
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith("Traceback (most recent call last):"):
+            raised = next((f for f in lines[i + 1 :] if f and not f[0].isspace()), None)
+            if raised is not None:
+                return raised.strip()[:500]
+    causes = [line.rsplit("SparkException: ", 1)[1] for line in lines if "SparkException: " in line]
+    if causes:
+        return causes[-1].split(". Consider setting")[0][:500]
+    return lines[0][:500] if lines else type(error).__name__
 
 
 def _load_node_task(sc: SparkContext) -> ModuleType:

@@ -1,0 +1,162 @@
+"""DataFrame read benchmark: 10^6 committed rows from quorumstore vs the same rows from Parquet.
+
+One run, one Spark session (local[2]), side by side:
+
+1. a `quorumstore standalone` server (4 shards, no fsync; reads do not touch the WAL)
+   is loaded with N rows (key `bench/%07d`, a 100-byte random value) through the data
+   service, one exactly-once entry per shard chunk; the same rows go to a local
+   Parquet file (pyarrow, snappy);
+2. both are read once untimed (Python workers started, caches warm), then each
+   measurement runs REPEATS times alternating the two sources, and the best time of
+   each counts:
+   - count:       ``df.count()``, as Spark plans it for each source (Parquet answers
+                  from row-group metadata without decoding rows; a Python data source
+                  always produces every row and column);
+   - read + count: ``df.agg(count(key), count(value))``, which makes both sources
+                  produce the key and value of every row.
+
+Printed: rows/s of each source per measurement and the quorumstore/Parquet ratio
+(the goal is >= 0.5 on "read + count").
+
+Usage: python bench/dataframe_read_bench.py [--rows N] [--repeats R] [--address HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or not
+
+from quorumstore.data_client import DataClient  # noqa: E402
+from quorumstore.storage.write_batch import ClientSerial  # noqa: E402
+
+SHARDS = 4
+VALUE_BYTES = 100
+LOAD_CHUNK = 50_000
+
+
+def start_server(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quorumstore.cli", "standalone", "--shards", str(SHARDS), "--port", "0",
+         "--data-dir", str(data_dir), "--no-fsync"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"listening on (\S+)", line)
+    if match is None:
+        proc.kill()
+        raise SystemExit(f"the server did not start: {line}")
+    return proc, match.group(1)
+
+
+def make_rows(start: int, stop: int) -> pa.Table:
+    keys = pa.array([f"bench/{i:07d}" for i in range(start, stop)], pa.string())
+    values = pa.array([os.urandom(VALUE_BYTES) for _ in range(start, stop)], pa.binary())
+    return pa.table({"key": keys, "value": values})
+
+
+def load(address: str, rows: int, parquet_path: Path) -> float:
+    """Writes the rows to quorumstore and to Parquet; returns the seconds quorumstore took."""
+    spent = 0.0
+    with DataClient(address) as client, pq.ParquetWriter(parquet_path, make_rows(0, 0).schema) as parquet:
+        for n, start in enumerate(range(0, rows, LOAD_CHUNK)):
+            table = make_rows(start, min(start + LOAD_CHUNK, rows))
+            parquet.write_table(table)
+            began = time.perf_counter()
+            for shard, part in client.route(table).items():
+                client.write(shard, part, origin=ClientSerial("dataframe-read-bench", n))
+            spent += time.perf_counter() - began
+    return spent
+
+
+def best_of(repeats: int, runs: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Best wall time of each run, the runs alternating so that drift hurts all alike."""
+    best = {name: float("inf") for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - began)
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--address", help="an already running, empty quorumstore (default: start one)")
+    args = parser.parse_args()
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from quorumstore.spark.datasource import register
+
+    work = Path(tempfile.mkdtemp(prefix="qs-df-bench-"))
+    proc = None
+    address = args.address
+    if address is None:
+        proc, address = start_server(work / "server")
+    spark = None
+    try:
+        parquet_path = work / "rows.parquet"
+        load_s = load(address, args.rows, parquet_path)
+        print(f"loaded {args.rows} rows into {SHARDS} shards in {load_s:.1f} s ({args.rows / load_s:,.0f} rows/s); "
+              f"Parquet file {parquet_path.stat().st_size / 1e6:.0f} MB", flush=True)
+
+        spark = (
+            SparkSession.builder.master("local[2]").appName("dataframe-read-bench")
+            .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark, address=address)
+        sources = {
+            "quorumstore": spark.read.format("quorumstore").load(),
+            "parquet": spark.read.parquet(str(parquet_path)),
+        }
+        for name, df in sources.items():
+            assert df.count() == args.rows, f"{name} does not hold {args.rows} rows"
+
+        counts = best_of(args.repeats, {name: df.count for name, df in sources.items()})
+        reads = best_of(
+            args.repeats,
+            {name: (lambda df=df: df.agg(F.count("key"), F.count("value")).collect()) for name, df in sources.items()},
+        )
+        partitions = sources["quorumstore"].rdd.getNumPartitions()
+        print(f"rows: {args.rows}, quorumstore partitions: {partitions}, Spark local[2], best of {args.repeats}")
+        for label, times in (("count", counts), ("read + count", reads)):
+            qs, pq_ = args.rows / times["quorumstore"], args.rows / times["parquet"]
+            print(
+                f"{label:>13}: quorumstore {qs:>12,.0f} rows/s ({times['quorumstore']:.2f} s)   "
+                f"parquet {pq_:>12,.0f} rows/s ({times['parquet']:.2f} s)   ratio {qs / pq_:.2f}x"
+            )
+        return 0
+    finally:
+        if spark is not None:
+            spark.stop()
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""quorumstore hosted by Spark (`quorumstore.spark.start`, coordinator_driver/app.py).
+
+Every Spark test runs under two masters: `local[4]` (all tasks in the driver's JVM)
+and `local-cluster[3,1,1024]` (three executor JVMs, each with its own Python workers).
+Each starts a real cluster (coordinator in this process, nodes in Spark tasks),
+writes and reads through it, and stops it, checking that no node process is left.
+The failover tests kill -9 one node's Python worker under a steady write load, in
+both placements, and print the recovery times (bench/spark_failover_bench.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import oxia
+import pytest
+from pyspark.sql import SparkSession
+
+import quorumstore.spark
+from quorumstore.spark.config import HostingConfig
+from quorumstore.spark.slots import current_slots
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+from spark_failover_bench import failover_trial  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+MASTERS = pytest.mark.parametrize("spark", ["local[4]", "local-cluster[3,1,1024]"], indirect=True, scope="module")
+LOCAL = pytest.mark.parametrize("spark", ["local[4]"], indirect=True, scope="module")
+NODES = 3
+
+
+@pytest.fixture(scope="module")
+def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
+    """One session per master (local-cluster takes ~30 s to start)."""
+    master = request.param
+    session = (
+        SparkSession.builder.master(master)
+        .appName("quorumstore hosting tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    assert session.sparkContext.master == master, f"another Spark session ({session.sparkContext.master}) is still active"
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _assert_gone(spark: SparkSession, cluster: quorumstore.spark.HostedCluster, pids: dict[int, int]) -> None:
+    """Nothing of a stopped cluster is left: processes, ports, task slots, driver threads."""
+    assert [p for p in pids.values() if _alive(p)] == []
+    assert [p for p in range(cluster.config.base_port, cluster.config.admin_port + 1) if not _port_free(p)] == []
+    assert current_slots(spark.sparkContext).busy == 0
+    assert [t.name for t in threading.enumerate() if t.name.startswith("quorumstore")] == []
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+@MASTERS
+def test_start_write_read_status_stop(spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]) -> None:
+    cluster = quorumstore.spark.start(
+        spark, nodes=NODES, shards=4, replication_factor=3, data_dir=tmp_path, base_port=free_port_block(NODES + 1)
+    )
+    try:
+        assert cluster.addresses == [f"127.0.0.1:{cluster.config.base_port + i}" for i in range(NODES)]
+        assert cluster.address == cluster.addresses[0]
+        with cluster.client() as client:
+            client.put("/hosted/greeting", b"hello")
+            assert client.get("/hosted/greeting").value == b"hello"
+        with oxia.Client(cluster.address) as official:  # any Oxia client works too
+            official.put("/hosted/official", b"also")
+            assert official.get("/hosted/official")[1] == b"also"
+
+        status = cluster.status()
+        assert status.online
+        assert sorted(status.leaders) == [0, 1, 2, 3] and all(status.leaders.values())
+        text = str(status)
+        assert len(re.findall(r"^default/\d\s+online", text, re.MULTILINE)) == 4
+        assert "submitted 1x, failed 0x" in text
+        pids = cluster.node_pids()
+        assert sorted(pids) == [0, 1, 2] and all(_alive(p) for p in pids.values())
+        assert all((tmp_path / f"node{i}").is_dir() for i in range(NODES))
+    finally:
+        cluster.stop()
+    _assert_gone(spark, cluster, pids)
+    cluster.stop()  # idempotent
+    assert "stopped" in repr(cluster)
+
+
+@MASTERS
+def test_too_few_slots_fails_at_once(spark: SparkSession, tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(quorumstore.spark.NotEnoughSlotsError, match=r"needs 5 free Spark task slots.*allows [34]"):
+        quorumstore.spark.start(spark, nodes=5, data_dir=tmp_path, base_port=30000)
+    assert time.monotonic() - started < 5
+    assert not (tmp_path / "coordinator").exists()  # nothing was started
+
+
+@LOCAL
+def test_node_error_restarts_inside_its_task(spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]) -> None:
+    """Node 1 cannot bind its port at first: its task retries in place, the job never fails."""
+    base = free_port_block(NODES + 1)
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", base + 1))
+    squatter.listen()
+    threading.Timer(8.0, squatter.close).start()
+    with quorumstore.spark.start(spark, nodes=NODES, shards=2, data_dir=tmp_path, base_port=base) as cluster:
+        (job,) = cluster.status().node_jobs
+        assert (job.submissions, job.failures) == (1, 0)
+        assert cluster.status().online
+
+
+# ------------------------------------------------------------------ faults
+
+
+@MASTERS
+@pytest.mark.parametrize("placement", ["barrier", "independent"])
+def test_kill_one_node_under_writes(
+    spark: SparkSession, placement: str, tmp_path: Path, free_port_block: Callable[[int], int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with quorumstore.spark.start(
+        spark, nodes=NODES, shards=4, placement=placement, data_dir=tmp_path, base_port=free_port_block(NODES + 1)
+    ) as cluster:
+        trial = asyncio.run(failover_trial(cluster))  # raises if an acknowledged write is lost
+        with capsys.disabled():
+            print(f"\n[{spark.sparkContext.master}] {trial}")
+        assert trial.recovered_s >= trial.first_write_s > 0
+        jobs = cluster.status().node_jobs
+        if placement == "barrier":
+            assert trial.resubmissions == 1  # the driver resubmitted the whole node job
+            assert "Python worker exited unexpectedly" in str(jobs[0].last_failure)
+        else:
+            # local mode tries a task once, so the driver resubmits the victim's job;
+            # local-cluster retries the task itself (spark.task.maxFailures = 4)
+            assert trial.resubmissions == (1 if spark.sparkContext.master == "local[4]" else 0)
+            assert sum(j.submissions for j in jobs) == NODES + trial.resubmissions
+
+
+# ------------------------------------------------------------------ settings
+
+
+def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Path) -> None:
+    conf = {"spark.quorumstore.nodes": "5", "spark.quorumstore.shards": "2", "spark.quorumstore.dataDir": str(tmp_path)}
+    config = HostingConfig.resolve(conf, shards=16)
+    assert (config.nodes, config.shards, config.replication_factor, config.placement) == (5, 16, 3, "barrier")
+    assert config.metadata_url == str(tmp_path / "coordinator" / "metadata.pb")
+    assert config.node_addresses[-1] == "127.0.0.1:6652" and config.admin_port == 6653
+    assert HostingConfig.resolve({}).data_dir == Path.cwd() / "quorumstore-data"
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"spark.quorumstore.nodes": "three"}, "spark.quorumstore.nodes: cannot read 'three' as a whole number"),
+        ({"spark.quorumstore.replicationFactor": "4"}, "replicationFactor must be between 1 and the number of nodes"),
+        ({"spark.quorumstore.placement": "spread"}, "placement must be one of barrier, independent"),
+        ({"spark.quorumstore.walSync": "yes"}, "walSync: cannot read 'yes' as true or false"),
+        ({"spark.quorumstore.basePort": "65534"}, "basePort must leave room"),
+    ],
+)
+def test_bad_settings_are_named(conf: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        HostingConfig.resolve(conf)
+
+
+# ------------------------------------------------------------------ processes
+
+
+SPARK_SUBMIT = Path(__import__("pyspark").__file__).parent / "bin" / "spark-submit"
+
+
+def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float) -> tuple[re.Match[str], str]:
+    """The first match of `pattern` in the process's output, and the output so far."""
+    assert process.stdout is not None
+    seen: list[str] = []
+    found: list[re.Match[str]] = []
+
+    def scan() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            seen.append(line)
+            if match := re.search(pattern, line):
+                found.append(match)
+                return
+
+    reader = threading.Thread(target=scan, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not found:
+        process.kill()
+        pytest.fail(f"no line matching {pattern!r} within {timeout_s:g} s; output:\n{''.join(seen)[-5000:]}")
+    return found[0], "".join(seen)
+
+
+def test_spark_submit_app_serves_until_sigterm(tmp_path: Path, free_port_block: Callable[[int], int]) -> None:
+    """The command in docs/running-on-spark.md, with --conf overrides; SIGTERM to spark-submit stops it."""
+    base = free_port_block(NODES + 1)
+    command = [
+        str(SPARK_SUBMIT),
+        "--conf", f"spark.quorumstore.basePort={base}",
+        "--conf", f"spark.quorumstore.dataDir={tmp_path}",
+        "--conf", "spark.quorumstore.shards=2",
+        "coordinator_driver/app.py",
+    ]
+    env = {**os.environ, "SPARK_CONF_DIR": "conf", "PYSPARK_PYTHON": sys.executable}
+    app = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        match, output = _read_until(app, r"quorumstore client endpoint: (\S+)", 240)
+        assert match[1] == f"127.0.0.1:{base}"
+        with quorumstore.Client(match[1]) as client:
+            client.put("/submitted", b"yes")
+            assert client.get("/submitted").value == b"yes"
+        nodes = [int((tmp_path / f"node{i}.pid").read_text()) for i in range(NODES)]
+        python_driver = [int(p) for p in subprocess.run(["pgrep", "-P", str(app.pid)], capture_output=True, text=True).stdout.split()]
+        assert len(python_driver) == 1 and all(_alive(p) for p in nodes)
+        app.send_signal(signal.SIGTERM)  # spark-submit's JVM, as `kill <pid>` would
+        app.wait(60)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in nodes + python_driver) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in nodes + python_driver if _alive(p)] == []
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+
+
+def test_interpreter_exit_stops_the_cluster(tmp_path: Path, free_port_block: Callable[[int], int]) -> None:
+    """A driver that never calls stop(): the cluster goes down with the interpreter."""
+    script = f"""
+import quorumstore.spark
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[4]").config("spark.ui.enabled", "false").getOrCreate()
+cluster = quorumstore.spark.start(spark, nodes=3, shards=2, data_dir={str(tmp_path)!r}, base_port={free_port_block(NODES + 1)})
+print("pids", *cluster.node_pids().values(), flush=True)
+"""
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        match, _ = _read_until(driver, r"^pids ([\d ]+)$", 240)
+        assert driver.wait(60) == 0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    pids = [int(p) for p in match[1].split()]
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in pids if _alive(p)] == []
