@@ -40,8 +40,8 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or not
 
-from quorumstore.data_client import DataClient  # noqa: E402
-from quorumstore.storage.write_batch import ClientSerial  # noqa: E402
+from quorumstore.data_client import DataClient
+from quorumstore.storage.write_batch import ClientSerial
 
 SHARDS = 4
 VALUE_BYTES = 100
@@ -50,8 +50,19 @@ LOAD_CHUNK = 50_000
 
 def start_server(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "quorumstore.cli", "standalone", "--shards", str(SHARDS), "--port", "0",
-         "--data-dir", str(data_dir), "--no-fsync"],
+        [
+            sys.executable,
+            "-m",
+            "quorumstore.cli",
+            "standalone",
+            "--shards",
+            str(SHARDS),
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+            "--no-fsync",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -75,7 +86,10 @@ def make_rows(start: int, stop: int) -> pa.Table:
 def load(address: str, rows: int, parquet_path: Path) -> float:
     """Writes the rows to quorumstore and to Parquet; returns the seconds quorumstore took."""
     spent = 0.0
-    with DataClient(address) as client, pq.ParquetWriter(parquet_path, make_rows(0, 0).schema) as parquet:
+    with (
+        DataClient(address) as client,
+        pq.ParquetWriter(parquet_path, make_rows(0, 0).schema) as parquet,
+    ):
         for n, start in enumerate(range(0, rows, LOAD_CHUNK)):
             table = make_rows(start, min(start + LOAD_CHUNK, rows))
             parquet.write_table(table)
@@ -101,7 +115,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--address", help="an already running, empty quorumstore (default: start one)")
+    parser.add_argument(
+        "--address", help="an already running, empty quorumstore (default: start one)"
+    )
     args = parser.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -120,12 +136,18 @@ def main() -> int:
     try:
         parquet_path = work / "rows.parquet"
         load_s = load(address, args.rows, parquet_path)
-        print(f"loaded {args.rows} rows into {SHARDS} shards in {load_s:.1f} s ({args.rows / load_s:,.0f} rows/s); "
-              f"Parquet file {parquet_path.stat().st_size / 1e6:.0f} MB", flush=True)
+        print(
+            f"loaded {args.rows} rows into {SHARDS} shards in {load_s:.1f} s ({args.rows / load_s:,.0f} rows/s); "
+            f"Parquet file {parquet_path.stat().st_size / 1e6:.0f} MB",
+            flush=True,
+        )
 
         spark = (
-            SparkSession.builder.master("local[2]").appName("dataframe-read-bench")
-            .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate()
+            SparkSession.builder.master("local[2]")
+            .appName("dataframe-read-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
         register(spark, address=address)
@@ -139,10 +161,15 @@ def main() -> int:
         counts = best_of(args.repeats, {name: df.count for name, df in sources.items()})
         reads = best_of(
             args.repeats,
-            {name: (lambda df=df: df.agg(F.count("key"), F.count("value")).collect()) for name, df in sources.items()},
+            {
+                name: (lambda df=df: df.agg(F.count("key"), F.count("value")).collect())
+                for name, df in sources.items()
+            },
         )
         partitions = sources["quorumstore"].rdd.getNumPartitions()
-        print(f"rows: {args.rows}, quorumstore partitions: {partitions}, Spark local[2], best of {args.repeats}")
+        print(
+            f"rows: {args.rows}, quorumstore partitions: {partitions}, Spark local[2], best of {args.repeats}"
+        )
         for label, times in (("count", counts), ("read + count", reads)):
             qs, pq_ = args.rows / times["quorumstore"], args.rows / times["parquet"]
             print(

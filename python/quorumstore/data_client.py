@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Self, TypeVar
 
 import grpc
 import numpy as np
@@ -133,7 +133,7 @@ class DataClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._shards: list[Shard] | None = None
 
-    def __enter__(self) -> DataClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -176,7 +176,13 @@ class DataClient:
                 continue
             return sorted(
                 (
-                    Shard(s.shard, s.min_hash_inclusive, s.max_hash_inclusive, s.leader, tuple(s.followers))
+                    Shard(
+                        s.shard,
+                        s.min_hash_inclusive,
+                        s.max_hash_inclusive,
+                        s.leader,
+                        tuple(s.followers),
+                    )
                     for s in response.shards
                 ),
                 key=lambda s: s.shard,
@@ -194,7 +200,9 @@ class DataClient:
         for s in self.shards():
             if s.min_hash <= h <= s.max_hash:
                 return s.shard
-        raise DataClientError(f"no shard of {self.namespace!r} covers hash {h:#010x} of key {key!r}")
+        raise DataClientError(
+            f"no shard of {self.namespace!r} covers hash {h:#010x} of key {key!r}"
+        )
 
     def route(self, rows: pa.Table | pa.RecordBatch) -> dict[int, pa.Table]:
         """`rows` (with a string `key` column) split by shard; shards without rows are left out."""
@@ -228,7 +236,9 @@ class DataClient:
                     raise DataClientError(f"cannot {what}: {_describe(e)}", e.code()) from None  # type: ignore[attr-defined]
                 last = _describe(e)
             if time.monotonic() + delay > deadline:
-                raise DataClientError(f"cannot {what} (gave up after retrying): {last}", grpc.StatusCode.UNAVAILABLE)
+                raise DataClientError(
+                    f"cannot {what} (gave up after retrying): {last}", grpc.StatusCode.UNAVAILABLE
+                )
             time.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(2 * delay, _BACKOFF_S[1])
 
@@ -259,7 +269,11 @@ class DataClient:
             if not first:
                 self.shards(refresh=True)
             first = False
-            replicas = self._replicas(shard_id, prefer_follower) if followers else [self.shard(shard_id).leader]
+            replicas = (
+                self._replicas(shard_id, prefer_follower)
+                if followers
+                else [self.shard(shard_id).leader]
+            )
             errors = []
             for address in [a for a in replicas if a]:
                 try:
@@ -274,13 +288,24 @@ class DataClient:
             try:
                 return attempt()
             except grpc.RpcError as e:
-                raise DataClientError(f"cannot {what} on shard {shard_id}: {_describe(e)}", e.code()) from None  # type: ignore[attr-defined]
+                raise DataClientError(
+                    f"cannot {what} on shard {shard_id}: {_describe(e)}", e.code()
+                ) from None  # type: ignore[attr-defined]
+            except _Retry as e:
+                raise DataClientError(
+                    f"cannot {what} on shard {shard_id}: {e}", grpc.StatusCode.UNAVAILABLE
+                ) from None
         return self._retrying(f"{what} on shard {shard_id}", attempt)
 
     # -------------------------------------------------------------- reads
 
     def split_ranges(
-        self, shard_id: int, ranges: Sequence[tuple[str, str]], max_rows: int, *, allow_follower: bool = False
+        self,
+        shard_id: int,
+        ranges: Sequence[tuple[str, str]],
+        max_rows: int,
+        *,
+        allow_follower: bool = False,
     ) -> list[tuple[str, str]]:
         request = pb.SplitRangesRequest(
             namespace=self.namespace,
@@ -321,7 +346,9 @@ class DataClient:
             batch_rows=batch_rows,
         )
 
-        def open_stream(stub: pb_grpc.QuorumstoreDataStub) -> tuple[Iterator[pb.ArrowChunk], pb.ArrowChunk]:
+        def open_stream(
+            stub: pb_grpc.QuorumstoreDataStub,
+        ) -> tuple[Iterator[pb.ArrowChunk], pb.ArrowChunk]:
             stream = stub.ScanArrow(request)
             return stream, next(stream)
 
@@ -336,14 +363,21 @@ class DataClient:
                 if chunk is None:
                     return
         except grpc.RpcError as e:
-            raise DataClientError(f"scan of shard {shard_id} failed midway: {_describe(e)}", e.code()) from None  # type: ignore[attr-defined]
+            raise DataClientError(
+                f"scan of shard {shard_id} failed midway: {_describe(e)}", e.code()
+            ) from None  # type: ignore[attr-defined]
         finally:
             stream.cancel()
 
     def offsets(self, shard_id: int, *, allow_follower: bool = False) -> Offsets:
-        request = pb.GetOffsetsRequest(namespace=self.namespace, shard=shard_id, allow_follower=allow_follower)
+        request = pb.GetOffsetsRequest(
+            namespace=self.namespace, shard=shard_id, allow_follower=allow_follower
+        )
         response = self._on_shard(
-            shard_id, "read offsets", lambda stub: stub.GetOffsets(request, timeout=_CALL_TIMEOUT_S), followers=allow_follower
+            shard_id,
+            "read offsets",
+            lambda stub: stub.GetOffsets(request, timeout=_CALL_TIMEOUT_S),
+            followers=allow_follower,
         )
         return Offsets(response.commit_offset, response.changes_kept_after)
 
@@ -356,6 +390,7 @@ class DataClient:
         the last entry it delivered, on whichever replica answers.
         """
         position = start_exclusive
+        stalled_since: float | None = None
         while position < end_inclusive:
             request = pb.ReadChangesRequest(
                 namespace=self.namespace,
@@ -365,11 +400,14 @@ class DataClient:
                 max_rows=max_rows,
             )
 
-            def open_stream(stub: pb_grpc.QuorumstoreDataStub) -> tuple[Iterator[pb.ArrowChunk], pb.ArrowChunk | None]:
+            def open_stream(
+                stub: pb_grpc.QuorumstoreDataStub, request: pb.ReadChangesRequest = request
+            ) -> tuple[Iterator[pb.ArrowChunk], pb.ArrowChunk | None]:
                 stream = stub.ReadChanges(request)
                 return stream, next(stream, None)
 
             stream, chunk = self._on_shard(shard_id, "read changes", open_stream, followers=True)
+            resumed_at = position
             try:
                 while chunk is not None:
                     yield from ipc_batches(chunk.ipc)
@@ -377,8 +415,14 @@ class DataClient:
                     chunk = next(stream, None)
                 return
             except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE:  # type: ignore[attr-defined]
-                    raise DataClientError(f"cannot read changes of shard {shard_id}: {_describe(e)}", e.code()) from None  # type: ignore[attr-defined]
+                now = time.monotonic()
+                stalled_since = (
+                    stalled_since if position == resumed_at and stalled_since is not None else now
+                )
+                if e.code() not in _RETRYABLE or now - stalled_since > self.retry_s:  # type: ignore[attr-defined]
+                    raise DataClientError(
+                        f"cannot read changes of shard {shard_id}: {_describe(e)}", e.code()
+                    ) from None  # type: ignore[attr-defined]
             finally:
                 stream.cancel()
 
@@ -428,23 +472,40 @@ class DataClient:
         return self._send_write(shard_id, request, retry=True)
 
     def _write_request(
-        self, shard_id: int, origin: ClientSerial | None, replace: tuple[str, str] | None, unique_keys: bool
+        self,
+        shard_id: int,
+        origin: ClientSerial | None,
+        replace: tuple[str, str] | None,
+        unique_keys: bool,
     ) -> pb.WriteArrowRequest:
-        request = pb.WriteArrowRequest(namespace=self.namespace, shard=shard_id, unique_keys=unique_keys)
+        request = pb.WriteArrowRequest(
+            namespace=self.namespace, shard=shard_id, unique_keys=unique_keys
+        )
         if origin is not None:
-            request.client_id, request.serial, request.has_serial = origin.client_id, origin.serial, True
+            request.client_id, request.serial, request.has_serial = (
+                origin.client_id,
+                origin.serial,
+                True,
+            )
         if replace is not None:
             request.replace = True
             request.replace_min_inclusive, request.replace_max_exclusive = replace
         return request
 
-    def _send_write(self, shard_id: int, request: pb.WriteArrowRequest, *, retry: bool) -> WriteResult:
+    def _send_write(
+        self, shard_id: int, request: pb.WriteArrowRequest, *, retry: bool
+    ) -> WriteResult:
         response = self._on_shard(
-            shard_id, "write", lambda stub: stub.WriteArrow(request, timeout=_CALL_TIMEOUT_S), retry=retry
+            shard_id,
+            "write",
+            lambda stub: stub.WriteArrow(request, timeout=_CALL_TIMEOUT_S),
+            retry=retry,
         )
         return WriteResult(response.offset, response.duplicate, response.rows)
 
-    def stage(self, shard_id: int, write_id: str, part: str, chunk: int, rows: pa.Table | pa.RecordBatch) -> int:
+    def stage(
+        self, shard_id: int, write_id: str, part: str, chunk: int, rows: pa.Table | pa.RecordBatch
+    ) -> int:
         """Keeps rows on the shard's leader under (write id, part, chunk); returns their count."""
         request = pb.StageArrowRequest(
             namespace=self.namespace,
@@ -465,7 +526,9 @@ class DataClient:
         unreachable = []
         for address in sorted(nodes):
             try:
-                self._stub(address).DiscardStaged(pb.DiscardStagedRequest(write_id=write_id), timeout=10.0)
+                self._stub(address).DiscardStaged(
+                    pb.DiscardStagedRequest(write_id=write_id), timeout=10.0
+                )
             except grpc.RpcError:
                 unreachable.append(address)
         return unreachable

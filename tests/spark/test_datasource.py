@@ -22,18 +22,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.compute as pc
 import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-pyspark = pytest.importorskip("pyspark")
-
-from pyspark.errors import PySparkException  # noqa: E402
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-
-from quorumstore.data_client import DataClient  # noqa: E402
-from quorumstore.spark.datasource import register  # noqa: E402
-from quorumstore.storage.write_batch import ClientSerial  # noqa: E402
+from quorumstore.data_client import DataClient
+from quorumstore.spark.datasource import register
+from quorumstore.storage.write_batch import ClientSerial
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -46,8 +43,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     """(address, data dir) of a standalone server with 4 shards."""
     data = tmp_path_factory.mktemp("standalone")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "quorumstore.cli", "standalone", "--shards", str(SHARDS), "--port", "0",
-         "--data-dir", str(data), "--no-fsync"],
+        [
+            sys.executable,
+            "-m",
+            "quorumstore.cli",
+            "standalone",
+            "--shards",
+            str(SHARDS),
+            "--port",
+            "0",
+            "--data-dir",
+            str(data),
+            "--no-fsync",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -109,7 +117,9 @@ def staging_dirs(server: tuple[str, Path]) -> list[str]:
 # ------------------------------------------------------------------ batch round trip
 
 
-def test_round_trip_is_equal_row_for_row(spark: SparkSession, address: str, server: tuple[str, Path]) -> None:
+def test_round_trip_is_equal_row_for_row(
+    spark: SparkSession, address: str, server: tuple[str, Path]
+) -> None:
     prefix = unique("rt")
     source = kv_frame(spark, prefix, ROUND_TRIP_ROWS)
     source.write.format("quorumstore").option("address", address).mode("append").save()
@@ -120,8 +130,8 @@ def test_round_trip_is_equal_row_for_row(spark: SparkSession, address: str, serv
     assert got.num_rows == ROUND_TRIP_ROWS
     assert got.column("key").equals(expected.column("key"))  # row for row
     assert got.column("value").equals(expected.column("value"))
-    assert pa.compute.unique(got.column("modifications_count")).to_pylist() == [0]
-    assert sorted(pa.compute.unique(got.column("shard")).to_pylist()) == list(range(SHARDS))
+    assert pc.unique(got.column("modifications_count")).to_pylist() == [0]
+    assert sorted(pc.unique(got.column("shard")).to_pylist()) == list(range(SHARDS))
     assert staging_dirs(server) == []
 
 
@@ -131,23 +141,42 @@ def test_values_as_json_decode_into_typed_columns(spark: SparkSession, address: 
         [(f"{prefix}ann", "Ann", 31, ["a", "b"]), (f"{prefix}bob", "Bob", None, [])],
         "key STRING, name STRING, age INT, tags ARRAY<STRING>",
     )
-    people.write.format("quorumstore").option("address", address).option("valueFormat", "json").mode("append").save()
-    back = read(spark, address, keyPrefix=prefix, valueFormat="json", valueSchema="name STRING, age INT, tags ARRAY<STRING>")
+    people.write.format("quorumstore").option("address", address).option(
+        "valueFormat", "json"
+    ).mode("append").save()
+    back = read(
+        spark,
+        address,
+        keyPrefix=prefix,
+        valueFormat="json",
+        valueSchema="name STRING, age INT, tags ARRAY<STRING>",
+    )
     assert back.columns[:4] == ["key", "name", "age", "tags"]
-    assert sorted(map(tuple, back.select("key", "name", "age", "tags").collect())) == sorted(map(tuple, people.collect()))
+    assert sorted(map(tuple, back.select("key", "name", "age", "tags").collect())) == sorted(
+        map(tuple, people.collect())
+    )
     as_text = read(spark, address, keyPrefix=prefix, valueFormat="string")
-    assert as_text.where(F.col("key").endswith("ann")).first().value == '{"name":"Ann","age":31,"tags":["a","b"]}'
+    assert (
+        as_text.where(F.col("key").endswith("ann")).first().value
+        == '{"name":"Ann","age":31,"tags":["a","b"]}'
+    )
 
 
 # ------------------------------------------------------------------ pushdown
 
 
-def test_key_filters_are_pushed_down_and_prune_shards_and_ranges(spark: SparkSession, address: str) -> None:
+def test_key_filters_are_pushed_down_and_prune_shards_and_ranges(
+    spark: SparkSession, address: str
+) -> None:
     prefix = unique("push")
-    kv_frame(spark, prefix, 2000).write.format("quorumstore").option("address", address).mode("append").save()
+    kv_frame(spark, prefix, 2000).write.format("quorumstore").option("address", address).mode(
+        "append"
+    ).save()
     df = read(spark, address)
     one_key = df.where(F.col("key") == f"{prefix}0000042")
-    plan = one_key._jdf.queryExecution().explainString(spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted"))
+    plan = one_key._jdf.queryExecution().explainString(
+        spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted")
+    )
     assert f"PushedFilters: [IsNotNull(key), EqualTo(key,{prefix}0000042)]" in plan
     assert "Filter" not in plan.split("(2)")[0]  # nothing left for Spark to filter
     assert one_key.rdd.getNumPartitions() == 1  # the one shard the key hashes to
@@ -160,11 +189,17 @@ def test_key_filters_are_pushed_down_and_prune_shards_and_ranges(spark: SparkSes
     assert some.rdd.getNumPartitions() == len(shards)
     assert sorted(r.key for r in some.collect()) == keys
 
-    ranged = df.where((F.col("key") >= f"{prefix}0000100") & (F.col("key") < f"{prefix}0000200") & F.col("key").startswith(prefix))
+    ranged = df.where(
+        (F.col("key") >= f"{prefix}0000100")
+        & (F.col("key") < f"{prefix}0000200")
+        & F.col("key").startswith(prefix)
+    )
     assert "StringStartsWith(key," in ranged._jdf.queryExecution().explainString(
         spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted")
     )
-    assert sorted(r.key for r in ranged.select("key").collect()) == [f"{prefix}{i:07d}" for i in range(100, 200)]
+    assert sorted(r.key for r in ranged.select("key").collect()) == [
+        f"{prefix}{i:07d}" for i in range(100, 200)
+    ]
     assert df.where("shard = 2").rdd.getNumPartitions() == 1
     assert df.where(F.col("key").startswith("a") & F.col("key").startswith("b")).count() == 0
     split = read(spark, address, keyPrefix=prefix, maxRowsPerPartition="100")
@@ -190,7 +225,9 @@ def _fail_first_attempt_after(rows: int):
     return fn
 
 
-def test_a_task_retried_mid_write_writes_nothing_twice(spark: SparkSession, address: str, server: tuple[str, Path]) -> None:
+def test_a_task_retried_mid_write_writes_nothing_twice(
+    spark: SparkSession, address: str, server: tuple[str, Path]
+) -> None:
     prefix = unique("retry")
     n = 20_000
     source = kv_frame(spark, prefix, n, partitions=2)
@@ -198,10 +235,16 @@ def test_a_task_retried_mid_write_writes_nothing_twice(spark: SparkSession, addr
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
     try:
         # Chunks of 200 rows: the failed attempt staged several before it died.
-        failing.write.format("quorumstore").option("address", address).option("chunkRows", "200").mode("append").save()
+        failing.write.format("quorumstore").option("address", address).option(
+            "chunkRows", "200"
+        ).mode("append").save()
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-    back = read(spark, address, keyPrefix=prefix).select("key", "value", "modifications_count").collect()
+    back = (
+        read(spark, address, keyPrefix=prefix)
+        .select("key", "value", "modifications_count")
+        .collect()
+    )
     assert len(back) == n
     assert sorted((r.key, r.value) for r in back) == sorted(map(tuple, source.collect()))
     assert {r.modifications_count for r in back} == {0}  # no key was put twice
@@ -220,19 +263,27 @@ def _always_fail_partition_one():
     return fn
 
 
-def test_a_failed_job_leaves_nothing_visible(spark: SparkSession, address: str, server: tuple[str, Path]) -> None:
+def test_a_failed_job_leaves_nothing_visible(
+    spark: SparkSession, address: str, server: tuple[str, Path]
+) -> None:
     prefix = unique("failed")
     source = kv_frame(spark, prefix, 4000, partitions=2)
     failing = source.mapInArrow(_always_fail_partition_one(), source.schema)
     with pytest.raises(Exception, match="injected failure of every attempt"):
-        failing.write.format("quorumstore").option("address", address).option("chunkRows", "100").mode("append").save()
+        failing.write.format("quorumstore").option("address", address).option(
+            "chunkRows", "100"
+        ).mode("append").save()
     assert read(spark, address, keyPrefix=prefix).count() == 0
     assert staging_dirs(server) == []
 
 
-def test_overwrite_replaces_the_written_key_range_in_one_entry_per_shard(spark: SparkSession, address: str) -> None:
+def test_overwrite_replaces_the_written_key_range_in_one_entry_per_shard(
+    spark: SparkSession, address: str
+) -> None:
     prefix = unique("ow")
-    kv_frame(spark, prefix, 100).write.format("quorumstore").option("address", address).mode("append").save()
+    kv_frame(spark, prefix, 100).write.format("quorumstore").option("address", address).mode(
+        "append"
+    ).save()
     with DataClient(address) as client:
         before = {s.shard: client.offsets(s.shard).commit_offset for s in client.shards()}
     replacement = spark.createDataFrame(
@@ -243,7 +294,9 @@ def test_overwrite_replaces_the_written_key_range_in_one_entry_per_shard(spark: 
     # The written range is [20, 28]: 21, 23, 25 and 27 (inside it, not rewritten) are gone; 29 stays.
     expected_keys = {f"{prefix}{i:07d}" for i in [*range(20), *range(20, 30, 2), *range(29, 100)]}
     assert set(rows) == expected_keys
-    assert {k for k, v in rows.items() if v == b"new"} == {f"{prefix}{i:07d}" for i in range(20, 30, 2)}
+    assert {k for k, v in rows.items() if v == b"new"} == {
+        f"{prefix}{i:07d}" for i in range(20, 30, 2)
+    }
     with DataClient(address) as client:
         for s in client.shards():
             end = client.offsets(s.shard).commit_offset
@@ -272,10 +325,16 @@ def _fails_before_any_task(spark: SparkSession, action, condition: str, fragment
 def test_bad_options_fail_clearly_before_any_task_runs(spark: SparkSession, address: str) -> None:
     good = kv_frame(spark, unique("bad"), 10)
     _fails_before_any_task(
-        spark, lambda: read(spark, address, keyPrefx="a").count(), "QUORUMSTORE_UNKNOWN_OPTION", "did you mean keyPrefix?"
+        spark,
+        lambda: read(spark, address, keyPrefx="a").count(),
+        "QUORUMSTORE_UNKNOWN_OPTION",
+        "did you mean keyPrefix?",
     )
     _fails_before_any_task(
-        spark, lambda: read(spark, "127.0.0.1:1", connectTimeout="1").count(), "QUORUMSTORE_UNREACHABLE", "127.0.0.1:1"
+        spark,
+        lambda: read(spark, "127.0.0.1:1", connectTimeout="1").count(),
+        "QUORUMSTORE_UNREACHABLE",
+        "127.0.0.1:1",
     )
     _fails_before_any_task(
         spark, lambda: read(spark, "no-port").count(), "QUORUMSTORE_INVALID_OPTION", "host:port"
@@ -288,13 +347,25 @@ def test_bad_options_fail_clearly_before_any_task_runs(spark: SparkSession, addr
     )
     _fails_before_any_task(
         spark,
-        lambda: good.withColumnRenamed("key", "k").write.format("quorumstore").option("address", address).mode("append").save(),
+        lambda: (
+            good.withColumnRenamed("key", "k")
+            .write.format("quorumstore")
+            .option("address", address)
+            .mode("append")
+            .save()
+        ),
         "QUORUMSTORE_MISSING_COLUMN",
         "no column 'key'",
     )
     _fails_before_any_task(
         spark,
-        lambda: good.write.format("quorumstore").option("address", address).option("valueFormat", "string").mode("append").save(),
+        lambda: (
+            good.write.format("quorumstore")
+            .option("address", address)
+            .option("valueFormat", "string")
+            .mode("append")
+            .save()
+        ),
         "QUORUMSTORE_INVALID_SCHEMA",
         "valueFormat 'string'",
     )
@@ -305,9 +376,15 @@ def test_bad_options_fail_clearly_before_any_task_runs(spark: SparkSession, addr
 
 def _feed(spark: SparkSession, address: str, out: Path, checkpoint: Path) -> None:
     query = (
-        spark.readStream.format("quorumstore").option("address", address).option("startingOffsets", "earliest").load()
-        .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True).start()
+        spark.readStream.format("quorumstore")
+        .option("address", address)
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination(300)
     assert query.exception() is None
@@ -318,13 +395,15 @@ def test_a_stream_restarted_from_its_checkpoint_continues_where_it_stopped(
 ) -> None:
     prefix = unique("feed")
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    kv_frame(spark, prefix, 300).write.format("quorumstore").option("address", address).mode("append").save()
+    kv_frame(spark, prefix, 300).write.format("quorumstore").option("address", address).mode(
+        "append"
+    ).save()
     _feed(spark, address, out, checkpoint)
     first = spark.read.parquet(str(out)).where(F.col("key").startswith(prefix)).count()
     assert first == 300
-    spark.createDataFrame([(f"{prefix}{i:07d}", b"again") for i in range(5)], "key STRING, value BINARY").write.format(
-        "quorumstore"
-    ).option("address", address).mode("append").save()
+    spark.createDataFrame(
+        [(f"{prefix}{i:07d}", b"again") for i in range(5)], "key STRING, value BINARY"
+    ).write.format("quorumstore").option("address", address).mode("append").save()
     _feed(spark, address, out, checkpoint)  # the same checkpoint: only what is new
     rows = spark.read.parquet(str(out)).where(F.col("key").startswith(prefix)).collect()
     assert len(rows) == 305
@@ -341,22 +420,33 @@ def test_the_sink_writes_each_micro_batch_once_even_when_replayed(
     source_dir, checkpoint = tmp_path / "source", tmp_path / "checkpoint"
     source_dir.mkdir()
     for i in range(3):
-        spark.createDataFrame([(f"{prefix}{i}-{j:04d}", f"v{j}".encode()) for j in range(200)], "key STRING, value BINARY").write.parquet(
-            str(source_dir / f"part{i}")
-        )
+        spark.createDataFrame(
+            [(f"{prefix}{i}-{j:04d}", f"v{j}".encode()) for j in range(200)],
+            "key STRING, value BINARY",
+        ).write.parquet(str(source_dir / f"part{i}"))
 
     def run() -> None:
-        stream = spark.readStream.schema("key STRING, value BINARY").option("recursiveFileLookup", "true").parquet(str(source_dir))
+        stream = (
+            spark.readStream.schema("key STRING, value BINARY")
+            .option("recursiveFileLookup", "true")
+            .parquet(str(source_dir))
+        )
         query = (
-            stream.writeStream.format("quorumstore").option("address", address).option("chunkRows", "50")
-            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+            stream.writeStream.format("quorumstore")
+            .option("address", address)
+            .option("chunkRows", "50")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
         )
         query.awaitTermination(300)
         assert query.exception() is None
 
     run()
     # Forget that the last micro-batch committed: the restarted query runs it again.
-    commits = sorted((checkpoint / "commits").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
+    commits = sorted(
+        (checkpoint / "commits").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1
+    )
     last = commits[-1]
     assert last.name.isdigit()
     last.unlink()
@@ -382,8 +472,12 @@ def _local_cluster_class():
 
 
 @pytest.mark.timeout(300)
-def test_the_change_feed_delivers_every_change_once_across_a_leader_kill(spark: SparkSession, tmp_path: Path) -> None:
-    cluster = _local_cluster_class()(tmp_path / "cluster", nodes=3, shards=2, replication_factor=3, fsync=False)
+def test_the_change_feed_delivers_every_change_once_across_a_leader_kill(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    cluster = _local_cluster_class()(
+        tmp_path / "cluster", nodes=3, shards=2, replication_factor=3, fsync=False
+    )
     query = None
     stop = threading.Event()
     written: list[str] = []
@@ -400,15 +494,27 @@ def test_the_change_feed_delivers_every_change_once_across_a_leader_kill(spark: 
                         keys = [f"kill/{i:05d}-{j}" for j in range(10)]
                         table = pa.table({"key": keys, "value": [k.encode() for k in keys]})
                         for shard, part in client.route(table).items():
-                            client.write(shard, part, origin=ClientSerial(f"kill-writer/{shard}", i))
+                            client.write(
+                                shard, part, origin=ClientSerial(f"kill-writer/{shard}", i)
+                            )
                         written.extend(keys)
                         i += 1
                         time.sleep(0.02)
             except BaseException as e:  # noqa: BLE001 - reported by the test
                 errors.append(e)
 
-        feed = spark.readStream.format("quorumstore").option("address", address).option("startingOffsets", "earliest").load()
-        query = feed.writeStream.format("memory").queryName("killfeed").trigger(processingTime="1 second").start()
+        feed = (
+            spark.readStream.format("quorumstore")
+            .option("address", address)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+        query = (
+            feed.writeStream.format("memory")
+            .queryName("killfeed")
+            .trigger(processingTime="1 second")
+            .start()
+        )
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
         time.sleep(8)
@@ -425,7 +531,11 @@ def test_the_change_feed_delivers_every_change_once_across_a_leader_kill(spark: 
         deadline = time.monotonic() + 120
         while True:
             rows = spark.sql("SELECT key FROM killfeed WHERE key LIKE 'kill/%'").collect()
-            if len(rows) >= len(expected) or time.monotonic() > deadline or query.exception() is not None:
+            if (
+                len(rows) >= len(expected)
+                or time.monotonic() > deadline
+                or query.exception() is not None
+            ):
                 break
             time.sleep(1)
         assert query.exception() is None

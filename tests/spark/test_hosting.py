@@ -85,13 +85,28 @@ def _assert_gone(spark: SparkSession, cluster: quorumstore.spark.HostedCluster, 
     assert [t.name for t in threading.enumerate() if t.name.startswith("quorumstore")] == []
 
 
-# ------------------------------------------------------------------ lifecycle
+# ------------------------------------------------------------------ lifecycle and faults
 
 
-@MASTERS
-def test_start_write_read_status_stop(spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]) -> None:
+@pytest.mark.parametrize(
+    ("spark", "placement"),
+    [("local[4]", "independent"), ("local-cluster[3,1,1024]", "barrier")],
+    indirect=["spark"],
+    scope="module",
+)
+def test_start_write_read_kill_one_node_stop(
+    spark: SparkSession,
+    placement: str,
+    tmp_path: Path,
+    free_port_block: Callable[[int], int],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The whole life of a hosted cluster, one placement per master to keep Spark time down:
+    local[4] tries a task once, so there the driver resubmits the killed node's own job;
+    in local-cluster the barrier job of all nodes is resubmitted."""
     cluster = quorumstore.spark.start(
-        spark, nodes=NODES, shards=4, replication_factor=3, data_dir=tmp_path, base_port=free_port_block(NODES + 1)
+        spark, nodes=NODES, shards=4, replication_factor=3, placement=placement,
+        data_dir=tmp_path, base_port=free_port_block(NODES + 1),
     )
     try:
         assert cluster.addresses == [f"127.0.0.1:{cluster.config.base_port + i}" for i in range(NODES)]
@@ -106,12 +121,19 @@ def test_start_write_read_status_stop(spark: SparkSession, tmp_path: Path, free_
         status = cluster.status()
         assert status.online
         assert sorted(status.leaders) == [0, 1, 2, 3] and all(status.leaders.values())
-        text = str(status)
-        assert len(re.findall(r"^default/\d\s+online", text, re.MULTILINE)) == 4
-        assert "submitted 1x, failed 0x" in text
+        assert len(re.findall(r"^default/\d\s+online", str(status), re.MULTILINE)) == 4
+        assert [(j.submissions, j.failures) for j in status.node_jobs] == [(1, 0)] * len(status.node_jobs)
+        assert len(status.node_jobs) == (1 if placement == "barrier" else NODES)
+        assert all((tmp_path / f"node{i}").is_dir() for i in range(NODES))
+
+        trial = asyncio.run(failover_trial(cluster))  # raises if an acknowledged write is lost
+        with capsys.disabled():
+            print(f"\n[{spark.sparkContext.master}] {trial}")
+        assert trial.recovered_s >= trial.first_write_s > 0
+        assert trial.resubmissions == 1  # the driver brought the failed node job back
+        assert any("Python worker exited unexpectedly" in str(j.last_failure) for j in cluster.status().node_jobs)
         pids = cluster.node_pids()
         assert sorted(pids) == [0, 1, 2] and all(_alive(p) for p in pids.values())
-        assert all((tmp_path / f"node{i}").is_dir() for i in range(NODES))
     finally:
         cluster.stop()
     _assert_gone(spark, cluster, pids)
@@ -140,32 +162,6 @@ def test_node_error_restarts_inside_its_task(spark: SparkSession, tmp_path: Path
         (job,) = cluster.status().node_jobs
         assert (job.submissions, job.failures) == (1, 0)
         assert cluster.status().online
-
-
-# ------------------------------------------------------------------ faults
-
-
-@MASTERS
-@pytest.mark.parametrize("placement", ["barrier", "independent"])
-def test_kill_one_node_under_writes(
-    spark: SparkSession, placement: str, tmp_path: Path, free_port_block: Callable[[int], int], capsys: pytest.CaptureFixture[str]
-) -> None:
-    with quorumstore.spark.start(
-        spark, nodes=NODES, shards=4, placement=placement, data_dir=tmp_path, base_port=free_port_block(NODES + 1)
-    ) as cluster:
-        trial = asyncio.run(failover_trial(cluster))  # raises if an acknowledged write is lost
-        with capsys.disabled():
-            print(f"\n[{spark.sparkContext.master}] {trial}")
-        assert trial.recovered_s >= trial.first_write_s > 0
-        jobs = cluster.status().node_jobs
-        if placement == "barrier":
-            assert trial.resubmissions == 1  # the driver resubmitted the whole node job
-            assert "Python worker exited unexpectedly" in str(jobs[0].last_failure)
-        else:
-            # local mode tries a task once, so the driver resubmits the victim's job;
-            # local-cluster retries the task itself (spark.task.maxFailures = 4)
-            assert trial.resubmissions == (1 if spark.sparkContext.master == "local[4]" else 0)
-            assert sum(j.submissions for j in jobs) == NODES + trial.resubmissions
 
 
 # ------------------------------------------------------------------ settings
@@ -243,7 +239,8 @@ def test_spark_submit_app_serves_until_sigterm(tmp_path: Path, free_port_block: 
             client.put("/submitted", b"yes")
             assert client.get("/submitted").value == b"yes"
         nodes = [int((tmp_path / f"node{i}.pid").read_text()) for i in range(NODES)]
-        python_driver = [int(p) for p in subprocess.run(["pgrep", "-P", str(app.pid)], capture_output=True, text=True).stdout.split()]
+        pgrep = ["pgrep", "-P", str(app.pid), "-f", "coordinator_driver/app.py"]
+        python_driver = [int(p) for p in subprocess.run(pgrep, capture_output=True, text=True).stdout.split()]
         assert len(python_driver) == 1 and all(_alive(p) for p in nodes)
         app.send_signal(signal.SIGTERM)  # spark-submit's JVM, as `kill <pid>` would
         app.wait(60)
@@ -255,27 +252,3 @@ def test_spark_submit_app_serves_until_sigterm(tmp_path: Path, free_port_block: 
         if app.poll() is None:
             app.kill()
             app.wait()
-
-
-def test_interpreter_exit_stops_the_cluster(tmp_path: Path, free_port_block: Callable[[int], int]) -> None:
-    """A driver that never calls stop(): the cluster goes down with the interpreter."""
-    script = f"""
-import quorumstore.spark
-from pyspark.sql import SparkSession
-spark = SparkSession.builder.master("local[4]").config("spark.ui.enabled", "false").getOrCreate()
-cluster = quorumstore.spark.start(spark, nodes=3, shards=2, data_dir={str(tmp_path)!r}, base_port={free_port_block(NODES + 1)})
-print("pids", *cluster.node_pids().values(), flush=True)
-"""
-    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        match, _ = _read_until(driver, r"^pids ([\d ]+)$", 240)
-        assert driver.wait(60) == 0
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    pids = [int(p) for p in match[1].split()]
-    deadline = time.monotonic() + 30
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert [p for p in pids if _alive(p)] == []

@@ -9,7 +9,12 @@ import pytest
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
 from quorumstore.storage import change_log
-from quorumstore.storage.change_log import CHANGE_RETENTION_MS, ChangeEvent, changes_kept_after, read_changes
+from quorumstore.storage.change_log import (
+    CHANGE_RETENTION_MS,
+    ChangeEvent,
+    changes_kept_after,
+    read_changes,
+)
 from quorumstore.storage.keys import INTERNAL_PREFIX, compare_keys
 from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
 from quorumstore.storage.state_machine import SCAN_SCHEMA, ShardStateMachine
@@ -73,11 +78,38 @@ def test_puts_record_created_then_modified_with_their_versions(log: Log) -> None
     [(o0, ts0, first), (o1, ts1, second)] = log.changes()
     assert (o0, ts0, o1, ts1) == (0, T0, 1, T0 + 5)
     assert first == [
-        row("a", Op.PUT, ChangeEvent.KEY_CREATED, value=b"1", version_id=0, modifications_count=0, created_ms=T0, modified_ms=T0),
-        row("b", Op.PUT, ChangeEvent.KEY_CREATED, value=b"2", version_id=1, modifications_count=0, created_ms=T0, modified_ms=T0),
+        row(
+            "a",
+            Op.PUT,
+            ChangeEvent.KEY_CREATED,
+            value=b"1",
+            version_id=0,
+            modifications_count=0,
+            created_ms=T0,
+            modified_ms=T0,
+        ),
+        row(
+            "b",
+            Op.PUT,
+            ChangeEvent.KEY_CREATED,
+            value=b"2",
+            version_id=1,
+            modifications_count=0,
+            created_ms=T0,
+            modified_ms=T0,
+        ),
     ]
     assert second == [
-        row("a", Op.PUT, ChangeEvent.KEY_MODIFIED, value=b"3", version_id=2, modifications_count=1, created_ms=T0, modified_ms=T0 + 5)
+        row(
+            "a",
+            Op.PUT,
+            ChangeEvent.KEY_MODIFIED,
+            value=b"3",
+            version_id=2,
+            modifications_count=1,
+            created_ms=T0,
+            modified_ms=T0 + 5,
+        )
     ]
 
 
@@ -132,7 +164,12 @@ def test_replaying_the_rows_in_order_reproduces_the_state() -> None:
     for _, _, rows in log.changes():
         for r in rows:
             if r["operation"] == Op.DELETE_RANGE:
-                for k in [k for k in model if compare_keys(r["key"], k) <= 0 and (not r["range_end"] or compare_keys(k, r["range_end"]) < 0)]:
+                for k in [
+                    k
+                    for k in model
+                    if compare_keys(r["key"], k) <= 0
+                    and (not r["range_end"] or compare_keys(k, r["range_end"]) < 0)
+                ]:
                     del model[k]
             elif r["operation"] == Op.DELETE:
                 del model[r["key"]]
@@ -195,7 +232,9 @@ def test_retention_expires_old_records_by_entry_time_deterministically() -> None
 
 
 def test_an_unknown_record_format_is_an_error() -> None:
-    rows = change_log.entry_changes(pa.RecordBatch.from_pylist([], schema=SCAN_SCHEMA), {b"\x01k": None}, {}, [])
+    rows = change_log.entry_changes(
+        pa.RecordBatch.from_pylist([], schema=SCAN_SCHEMA), {b"\x01k": None}, {}, []
+    )
     assert rows is not None
     data = bytearray(change_log.encode(T0, rows))
     data[8] = 99

@@ -9,6 +9,7 @@ the scans ask for.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import random
 import re
@@ -40,8 +41,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     """(address, data dir) of a standalone server with 4 shards."""
     data = tmp_path_factory.mktemp("standalone")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "quorumstore.cli", "standalone", "--shards", str(SHARDS), "--port", "0",
-         "--data-dir", str(data), "--no-fsync"],
+        [
+            sys.executable,
+            "-m",
+            "quorumstore.cli",
+            "standalone",
+            "--shards",
+            str(SHARDS),
+            "--port",
+            "0",
+            "--data-dir",
+            str(data),
+            "--no-fsync",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -51,7 +63,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         assert proc.stdout is not None
         line = proc.stdout.readline()
         match = re.search(r"listening on (\S+)", line)
-        assert match, f"standalone did not start: {line}{proc.stdout.read() if proc.poll() is not None else ''}"
+        assert match, (
+            f"standalone did not start: {line}{proc.stdout.read() if proc.poll() is not None else ''}"
+        )
         yield match.group(1), data
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -92,7 +106,7 @@ def test_shards_tile_the_hash_space_and_route_like_key_hash(client: DataClient) 
     shards = client.shards()
     assert [s.shard for s in shards] == list(range(SHARDS))
     assert shards[0].min_hash == 0 and shards[-1].max_hash == 0xFFFFFFFF
-    assert all(a.max_hash + 1 == b.min_hash for a, b in zip(shards, shards[1:]))
+    assert all(a.max_hash + 1 == b.min_hash for a, b in itertools.pairwise(shards))
     table = rows([f"r/{i}" for i in range(200)])
     for shard, part in client.route(table).items():
         for key in part.column("key").to_pylist():
@@ -137,7 +151,9 @@ def test_a_scan_sees_one_snapshot_while_writes_go_on(client: DataClient) -> None
     stream = client.scan(shard, ranges=prefix_ranges(prefix), batch_rows=100)
     first, offset = next(stream)
     client.write(shard, mine, origin=ClientSerial(f"snap-b-{prefix}", 0))  # every key, mid-scan
-    values = first.column("value").to_pylist() + [v for b, _ in stream for v in b.column("value").to_pylist()]
+    values = first.column("value").to_pylist() + [
+        v for b, _ in stream for v in b.column("value").to_pylist()
+    ]
     assert len(values) == mine.num_rows and all(v.startswith(b"old:") for v in values)
     assert offset < client.offsets(shard).commit_offset
 
@@ -150,7 +166,9 @@ def test_split_ranges_cut_a_shard_into_pieces_of_at_most_max_rows(client: DataCl
     ranges = prefix_ranges(prefix)
     pieces = client.split_ranges(shard, ranges, 50)
     counts = [sum(b.num_rows for b, _ in client.scan(shard, ranges=[p])) for p in pieces]
-    assert max(counts) <= 50 and sum(counts) == sum(b.num_rows for b, _ in client.scan(shard, ranges=ranges))
+    assert max(counts) <= 50 and sum(counts) == sum(
+        b.num_rows for b, _ in client.scan(shard, ranges=ranges)
+    )
     assert client.split_ranges(shard, ranges, 10**9) == ranges
 
 
@@ -175,9 +193,18 @@ def test_replace_deletes_the_range_and_puts_in_one_entry(client: DataClient) -> 
     shard = client.shard_of(keys[0])
     before = client.offsets(shard).commit_offset
     replacement = rows([k for k in keys[100:110] if client.shard_of(k) == shard], "new")
-    result = client.write(shard, replacement, replace=(keys[100], keys[199]), origin=ClientSerial(f"repl-b-{prefix}", 0))
+    result = client.write(
+        shard,
+        replacement,
+        replace=(keys[100], keys[199]),
+        origin=ClientSerial(f"repl-b-{prefix}", 0),
+    )
     assert result.offset == before + 1
-    got = {k for b, _ in client.scan(shard, ranges=prefix_ranges(prefix)) for k in b.column("key").to_pylist()}
+    got = {
+        k
+        for b, _ in client.scan(shard, ranges=prefix_ranges(prefix))
+        for k in b.column("key").to_pylist()
+    }
     expected = {k for k in keys if client.shard_of(k) == shard and not (keys[100] <= k < keys[199])}
     assert got == expected | set(replacement.column("key").to_pylist())
     [changes] = list(client.changes(shard, before, result.offset))
@@ -194,7 +221,9 @@ def test_replace_deletes_the_range_and_puts_in_one_entry(client: DataClient) -> 
         (pa.table({"key": ["a"], "value": ["text"]}), "is string, expected binary"),
     ],
 )
-def test_bad_rows_are_refused_before_anything_is_written(client: DataClient, table: pa.Table, message: str) -> None:
+def test_bad_rows_are_refused_before_anything_is_written(
+    client: DataClient, table: pa.Table, message: str
+) -> None:
     request = pb.WriteArrowRequest(namespace="default", shard=0, unique_keys=True, ipc=_ipc(table))
     with pytest.raises(grpc.RpcError) as caught:
         _stub(client).WriteArrow(request)
@@ -213,7 +242,9 @@ def _stub(client: DataClient) -> pb_grpc.QuorumstoreDataStub:
     return pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(client.shard(0).leader))
 
 
-def test_staged_rows_are_invisible_until_published_once(client: DataClient, server: tuple[str, Path]) -> None:
+def test_staged_rows_are_invisible_until_published_once(
+    client: DataClient, server: tuple[str, Path]
+) -> None:
     prefix = unique("stage")
     write_id = uuid.uuid4().hex
     table = rows([f"{prefix}{i:03d}" for i in range(300)])
@@ -231,7 +262,9 @@ def test_staged_rows_are_invisible_until_published_once(client: DataClient, serv
     done = client.publish(shard, write_id, parts, origin=origin, unique_keys=True)
     assert not done.duplicate and done.rows == part.num_rows
     assert len(scan_all(client, ranges=prefix_ranges(prefix))) == part.num_rows
-    assert client.publish(shard, write_id, parts, origin=origin).duplicate  # files are gone; still answered
+    assert client.publish(
+        shard, write_id, parts, origin=origin
+    ).duplicate  # files are gone; still answered
     client.discard(write_id)
     assert not staging.exists()
     assert scan_all(client, ranges=prefix_ranges("ghost/")) == {}
@@ -240,13 +273,19 @@ def test_staged_rows_are_invisible_until_published_once(client: DataClient, serv
 def test_publishing_rows_that_are_not_staged_fails_cleanly(client: DataClient) -> None:
     write_id = uuid.uuid4().hex
     with pytest.raises(DataClientError) as caught:
-        client.publish(0, write_id, [("p9-a9", 1, 10)], origin=ClientSerial(f"spark-write/{write_id}", 0))
+        client.publish(
+            0, write_id, [("p9-a9", 1, 10)], origin=ClientSerial(f"spark-write/{write_id}", 0)
+        )
     assert caught.value.code == grpc.StatusCode.UNAVAILABLE  # retried, then given up
     assert "not on this node" in str(caught.value)
 
 
 def test_staging_refuses_ids_that_could_escape_its_directory(client: DataClient) -> None:
-    for write_id, part in [("../../etc", "p"), (uuid.uuid4().hex, "../x"), (uuid.uuid4().hex, ".hidden")]:
+    for write_id, part in [
+        ("../../etc", "p"),
+        (uuid.uuid4().hex, "../x"),
+        (uuid.uuid4().hex, ".hidden"),
+    ]:
         with pytest.raises(DataClientError) as caught:
             client.stage(0, write_id, part, 0, rows(["k"]))
         assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -261,12 +300,24 @@ def test_changes_come_in_offset_order_cut_at_entry_boundaries(client: DataClient
     start = client.offsets(shard).commit_offset
     written = []
     for i in range(5):
-        keys = [k for k in (f"{prefix}{i}-{j}" for j in range(40)) if client.shard_of(k) == shard][:6]
+        keys = [k for k in (f"{prefix}{i}-{j}" for j in range(40)) if client.shard_of(k) == shard][
+            :6
+        ]
         client.write(shard, rows(keys), origin=ClientSerial(f"chg-{prefix}", i))
         written.append(keys)
     end = client.offsets(shard).commit_offset
-    request = pb.ReadChangesRequest(namespace="default", shard=shard, start_offset_exclusive=start, end_offset_inclusive=end, max_rows=1)
-    chunks = list(pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(client.shard(shard).leader)).ReadChanges(request))
+    request = pb.ReadChangesRequest(
+        namespace="default",
+        shard=shard,
+        start_offset_exclusive=start,
+        end_offset_inclusive=end,
+        max_rows=1,
+    )
+    chunks = list(
+        pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(client.shard(shard).leader)).ReadChanges(
+            request
+        )
+    )
     assert [c.commit_offset for c in chunks] == list(range(start + 1, end + 1))  # one entry each
     batches = [read_ipc(c.ipc) for c in chunks]
     assert [b.column("key").to_pylist() for b in batches] == written
@@ -277,7 +328,9 @@ def test_changes_come_in_offset_order_cut_at_entry_boundaries(client: DataClient
 
 def test_changes_not_applied_yet_are_unavailable(client: DataClient) -> None:
     end = client.offsets(2).commit_offset + 1000
-    request = pb.ReadChangesRequest(namespace="default", shard=2, start_offset_exclusive=-1, end_offset_inclusive=end)
+    request = pb.ReadChangesRequest(
+        namespace="default", shard=2, start_offset_exclusive=-1, end_offset_inclusive=end
+    )
     with pytest.raises(grpc.RpcError) as caught:
         list(_stub(client).ReadChanges(request))
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -313,8 +366,15 @@ def test_followers_serve_reads_only_when_asked(tmp_path: Path) -> None:
             assert dict(caught.value.trailing_metadata())["leader-hint"] == s.leader
             deadline = time.monotonic() + 30
             while True:  # the follower applies what the leader committed, soon
-                chunks = list(stub.ScanArrow(pb.ScanRequest(namespace="default", shard=0, allow_follower=True)))
-                if sum(read_ipc(ch.ipc).num_rows for ch in chunks) == 100 or time.monotonic() > deadline:
+                chunks = list(
+                    stub.ScanArrow(
+                        pb.ScanRequest(namespace="default", shard=0, allow_follower=True)
+                    )
+                )
+                if (
+                    sum(read_ipc(ch.ipc).num_rows for ch in chunks) == 100
+                    or time.monotonic() > deadline
+                ):
                     break
                 time.sleep(0.2)
             assert sum(read_ipc(ch.ipc).num_rows for ch in chunks) == 100
@@ -327,13 +387,17 @@ def test_followers_serve_reads_only_when_asked(tmp_path: Path) -> None:
 
 
 def _in(key: str, ranges: list[tuple[str, str]]) -> bool:
-    return any(compare_keys(lo, key) <= 0 and (not hi or compare_keys(key, hi) < 0) for lo, hi in ranges)
+    return any(
+        compare_keys(lo, key) <= 0 and (not hi or compare_keys(key, hi) < 0) for lo, hi in ranges
+    )
 
 
 def test_prefix_ranges_hold_exactly_the_keys_with_the_prefix() -> None:
     rng = random.Random(3)
     alphabet = ["a", "b", "/", "\x00", "\U0010ffff", "é", "\ud7ff", "\ue000"]
-    keys = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(4000)})
+    keys = sorted(
+        {"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(4000)}
+    )
     prefixes = {"", "/", "a/", "a//", "\U0010ffff", "a/\U0010ffff"} | {
         "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(150)
     }
@@ -345,13 +409,20 @@ def test_prefix_ranges_hold_exactly_the_keys_with_the_prefix() -> None:
 
 def test_key_filters_prune_to_exact_ranges_and_mask_exactly() -> None:
     f = KeyFilter()
-    for pushed in [StringStartsWith(("key",), "user/1"), GreaterThanOrEqual(("key",), "user/10"), LessThan(("key",), "user/15")]:
+    for pushed in [
+        StringStartsWith(("key",), "user/1"),
+        GreaterThanOrEqual(("key",), "user/10"),
+        LessThan(("key",), "user/15"),
+    ]:
         assert f.push(pushed)
     assert not f.push(EqualTo(("value",), b"x"))
     ranges = f.ranges([("", "")])
     assert ranges == prefix_ranges("user/1")
     keys = pa.array(["user/1", "user/10", "user/12/x", "user/15", "user/2", "user/1a"])
-    assert keys.filter(f.mask(keys)).to_pylist() == ["user/10", "user/12/x"]  # "user/1a" > "user/15"
+    assert keys.filter(f.mask(keys)).to_pylist() == [
+        "user/10",
+        "user/12/x",
+    ]  # "user/1a" > "user/15"
     assert intersect(ranges, [("user/12", "")]) == [("user/12", "user/2"), ("user/1/", "user/2/")]
 
 

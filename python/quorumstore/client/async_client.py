@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -73,7 +73,8 @@ class AsyncClient:
     """A quorumstore client for asyncio code.
 
     Open it with `async with AsyncClient(address) as client` (or `await connect()`
-    and `await close()`); `address` is any node's `host:port`.
+    and `await close()`). `address` is any node's `host:port`, or several (a list,
+    or comma-separated): the client learns the other nodes from the cluster.
 
     Options (docs/client.md has the details):
       namespace: the namespace to use (default "default").
@@ -93,7 +94,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         *,
         namespace: str = DEFAULT_NAMESPACE,
         linger_ms: float = 0.0,
@@ -116,10 +117,13 @@ class AsyncClient:
                 raise ValueError(f"{name} must be positive, got {number}")
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"address must be host:port, got {address!r}")
-        self.address = address
+        addresses = address.split(",") if isinstance(address, str) else list(address)
+        for one in addresses:
+            host, _, port = one.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"an address must be host:port, got {one!r}")
+        #: The nodes the client was given to find the cluster through.
+        self.addresses = [a.strip() for a in addresses]
         self.namespace = namespace
         #: This instance's identity in exactly-once serials (a random UUID).
         self.client_id = uuid.uuid4().hex
@@ -148,7 +152,7 @@ class AsyncClient:
         if self._directory is not None:
             return self
         channels = Channels()
-        directory = Directory(channels, self.address, self.namespace)
+        directory = Directory(channels, self.addresses, self.namespace)
         try:
             await directory.start(self._connect_timeout_s)
         except BaseException:

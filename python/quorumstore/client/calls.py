@@ -30,6 +30,8 @@ ATTEMPT_TIMEOUT_S = 10.0
 
 
 class ShardCaller:
+    """Sends requests to shard leaders with the retry policy above."""
+
     def __init__(self, directory: Directory, channels: Channels, request_timeout_s: float) -> None:
         self._directory = directory
         self._channels = channels

@@ -3,14 +3,16 @@
 `Directory` keeps a `GetShardAssignments` stream open in a background task: the
 server sends the namespace's full map on open and again whenever a leader changes,
 so the client follows leadership without polling. When the stream breaks (its node
-died) it reconnects, to the bootstrap address first and then to every node it has
-seen lead a shard, with backoff.
+died) it reconnects, with backoff, to the next node it knows: the bootstrap
+addresses, every leader it has seen, and every shard's followers, which it asks
+the data service for (`ListShards`) whenever a map arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import grpc
 
@@ -19,6 +21,7 @@ from quorumstore.client.retry import Backoff, classify
 from quorumstore.client.routing import ShardMap
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
+from quorumstore.proto import quorumstore_data_pb2 as data_pb
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +84,13 @@ class Channels:
 class Directory:
     """The current `ShardMap` of one namespace, followed from the cluster."""
 
-    def __init__(self, channels: Channels, bootstrap: str, namespace: str) -> None:
+    def __init__(self, channels: Channels, bootstrap: Sequence[str], namespace: str) -> None:
         self._channels = channels
-        self._bootstrap = bootstrap
+        self._bootstrap = list(bootstrap)
         self._namespace = namespace
+        #: Every node address known, in the order to try them: the bootstrap addresses,
+        #: then each shard's leader and followers as the cluster reports them.
+        self._nodes: dict[str, None] = dict.fromkeys(self._bootstrap)
         self._map: ShardMap | None = None
         self._changed = asyncio.Event()
         self._fatal: QuorumStoreError | None = None
@@ -98,7 +104,7 @@ class Directory:
         except TimeoutError:
             await self.close()
             raise ServiceUnavailable(
-                f"no shard assignments from {self._bootstrap} for namespace "
+                f"no shard assignments from {', '.join(self._bootstrap)} for namespace "
                 f"{self._namespace!r} within {timeout_s:g} s: is a quorumstore node "
                 "listening there, and are its shards online?"
             ) from None
@@ -123,24 +129,41 @@ class Directory:
     def hint(self, shard: int, leader: str) -> None:
         """Routes `shard` to `leader` now, until the next map says otherwise."""
         if self._map is not None and self._map.leader(shard) != leader:
+            self._nodes.setdefault(leader)
             self._publish(self._map.with_leader(shard, leader))
 
     def _publish(self, new_map: ShardMap) -> None:
         self._map = new_map
+        for shard in new_map.shards:
+            if leader := new_map.leader(shard):
+                self._nodes.setdefault(leader)
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
-    def _candidates(self) -> list[str]:
-        """Where to ask for the map: the bootstrap address, then every known leader."""
-        known = [] if self._map is None else [self._map.leader(s) for s in self._map.shards]
-        return list(dict.fromkeys(a for a in [self._bootstrap, *known] if a))
+    async def _learn_replicas(self, address: str) -> None:
+        """Adds every shard's followers to the known nodes (the map names leaders only).
+
+        So that the client finds the cluster again when the only nodes it knew die,
+        e.g. the single leader it was bootstrapped from. Best effort: on failure the
+        next map tries again.
+        """
+        request = data_pb.ListShardsRequest(namespace=self._namespace)
+        try:
+            response = await self._channels.data_stub(address).ListShards(request, timeout=5)
+        except grpc.aio.AioRpcError as e:
+            log.debug("ListShards on %s failed: %s", address, e.details())
+            return
+        for shard in response.shards:
+            for node in [shard.leader, *shard.followers]:
+                if node:
+                    self._nodes.setdefault(node)
 
     async def _follow(self) -> None:
         backoff = Backoff(max_s=1.0)
         attempt = 0
         while True:
-            candidates = self._candidates()
-            address = candidates[attempt % len(candidates)]
+            nodes = list(self._nodes)
+            address = nodes[attempt % len(nodes)]
             request = pb.ShardAssignmentsRequest(namespace=self._namespace)
             try:
                 stream = self._channels.stub(address).GetShardAssignments(
@@ -152,6 +175,7 @@ class Directory:
                         continue
                     self._publish(ShardMap.from_proto(entry))
                     backoff = Backoff(max_s=1.0)
+                    await self._learn_replicas(address)
             except grpc.aio.AioRpcError as e:
                 failure = classify(e)
                 if isinstance(failure, NamespaceNotFound):

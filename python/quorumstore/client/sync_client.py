@@ -13,7 +13,7 @@ thread pool of callers fast.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -35,7 +35,7 @@ class Client:
     connects before returning. Close it (or use `with`) to stop its thread.
     """
 
-    def __init__(self, address: str, **options: Any) -> None:
+    def __init__(self, address: str | Sequence[str], **options: Any) -> None:
         self._async = AsyncClient(address, **options)
         self._runner = LoopThread("quorumstore-client")
         try:

@@ -5,16 +5,15 @@ entry: its puts are applied first, then its deletes, then its range deletes, and
 each gets its own status. Operations of one batch come from concurrent callers, so
 that order among them is as good as any other.
 
-Exactly-once: each batch carries a client id and a serial, as gRPC metadata
-(`qs-client-id`, `qs-serial`) on Oxia's `Write`, as fields on the data service's
-`WriteArrow`. The shard remembers, per client id, the latest serial
-it applied and that write's results; a retry of the same batch after a failover
-(same id, same serial) is answered with the original results instead of being
-applied again. Because the shard keeps only the *latest* serial per id, two batches
-of one id must never be in flight at once (the later one could land first and turn
-the earlier one into an ignored "old" serial): the client id is therefore the
-client's random id plus the batch's lane (`batcher.py`), and a lane carries one
-batch at a time.
+Exactly-once: each batch carries a client id and a serial -- as gRPC metadata
+(`qs-client-id`, `qs-serial`) on Oxia's `Write`, as fields of the data service's
+`WriteArrow`. The shard remembers, per client id, the latest serial it applied and
+that write's results; a retry of the same batch after a failover (same id, same
+serial) is answered with the original results instead of being applied again.
+Because the shard keeps only the *latest* serial per id, two batches of one id must
+never be in flight at once (the later one could land first and turn the earlier one
+into an ignored "old" serial): the client id is therefore the client's random id
+plus the batch's lane (`batcher.py`), and a lane carries one batch at a time.
 """
 
 from __future__ import annotations
@@ -99,7 +98,10 @@ def resolve(ops: Sequence[WriteOp], response: pb.WriteResponse) -> None:
     ):
         fail(
             ops,
-            QuorumStoreError("the server answered a write batch with the wrong number of results"),
+            QuorumStoreError(
+                "the server answered a write batch with the wrong number of results "
+                "(a server bug: the operations' outcome is unknown)"
+            ),
         )
         return
     for op, result in zip(puts, response.puts):

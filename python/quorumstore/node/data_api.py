@@ -43,7 +43,7 @@ from quorumstore.proto import replication_pb2
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.protocol.types import LogPosition
 from quorumstore.storage import change_log
-from quorumstore.storage.keys import compare_keys, encode_key, key_range
+from quorumstore.storage.keys import compare_keys
 from quorumstore.storage.kv import KvClosedError, KvReader, KvSnapshot, KvStore
 from quorumstore.storage.serials import decode_serial_record, serial_key
 from quorumstore.storage.state_machine import SCAN_SCHEMA, EntryResult, ShardReader
@@ -170,7 +170,9 @@ def _check_rows(rows: pa.Table, unique_keys: bool) -> None:
         raise _invalid(f"a key is {longest_key} bytes, above the limit of {MAX_KEY_BYTES} bytes")
     longest_value = pc.max(pc.binary_length(values)).as_py()
     if longest_value > MAX_VALUE_BYTES:
-        raise _invalid(f"a value is {longest_value} bytes, above the limit of {MAX_VALUE_BYTES} bytes")
+        raise _invalid(
+            f"a value is {longest_value} bytes, above the limit of {MAX_VALUE_BYTES} bytes"
+        )
     if unique_keys:
         distinct = pc.count_distinct(keys).as_py()
         if distinct != rows.num_rows:
@@ -216,7 +218,9 @@ def _ranges(request_ranges: Sequence[pb.KeyRange]) -> list[tuple[str, str]]:
 
 
 def _records_of_keys(reader: ShardReader, keys: Sequence[str]) -> pa.RecordBatch:
-    found = [(key, record) for key in dict.fromkeys(keys) if (record := reader.get(key)) is not None]
+    found = [
+        (key, record) for key in dict.fromkeys(keys) if (record := reader.get(key)) is not None
+    ]
     columns = [
         [key for key, _ in found],
         [r.value for _, r in found],
@@ -243,7 +247,9 @@ def _scan_chunks(
             yield ipc_bytes(batch)
 
 
-def _split(view: KvReader, ranges: Sequence[tuple[str, str]], max_rows: int) -> list[tuple[str, str]]:
+def _split(
+    view: KvReader, ranges: Sequence[tuple[str, str]], max_rows: int
+) -> list[tuple[str, str]]:
     """`ranges` cut so that each piece holds at most `max_rows` keys of the snapshot."""
     reader = ShardReader(view)
     if reader.next_version_id <= max_rows:
@@ -268,11 +274,17 @@ def _change_chunks(
     pending: list[pa.RecordBatch] = []
     rows = 0
     last = start_exclusive
-    for offset, timestamp_ms, changes in change_log.read_changes(view, start_exclusive, end_inclusive):
+    for offset, timestamp_ms, changes in change_log.read_changes(
+        view, start_exclusive, end_inclusive
+    ):
         n = changes.num_rows
         pending.append(
-            changes.append_column(CHANGE_ROWS_SCHEMA.field("offset"), pa.repeat(pa.scalar(offset, pa.int64()), n))
-            .append_column(CHANGE_ROWS_SCHEMA.field("timestamp_ms"), pa.repeat(pa.scalar(timestamp_ms, pa.int64()), n))
+            changes.append_column(
+                CHANGE_ROWS_SCHEMA.field("offset"), pa.repeat(pa.scalar(offset, pa.int64()), n)
+            ).append_column(
+                CHANGE_ROWS_SCHEMA.field("timestamp_ms"),
+                pa.repeat(pa.scalar(timestamp_ms, pa.int64()), n),
+            )
         )
         rows += n
         last = offset
@@ -318,7 +330,9 @@ class _Staging:
         os.replace(tmp, path)
         self._sweep()
 
-    def rows(self, write_id: str, namespace: str, shard: int, parts: Sequence[pb.StagedPart]) -> pa.Table:
+    def rows(
+        self, write_id: str, namespace: str, shard: int, parts: Sequence[pb.StagedPart]
+    ) -> pa.Table:
         directory = self._dir(write_id, namespace, shard)
         tables = []
         for part in parts:
@@ -428,23 +442,27 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
         try:
             return host.kv.snapshot()
         except KvClosedError as e:
-            raise _Refused(grpc.StatusCode.UNAVAILABLE, f"the shard's store is closed: {e}") from None
+            raise _Refused(
+                grpc.StatusCode.UNAVAILABLE, f"the shard's store is closed: {e}"
+            ) from None
 
-    async def _stream(
-        self, chunks: Iterator[_T], view: KvSnapshot
-    ) -> AsyncIterator[_T]:
+    async def _stream(self, chunks: Iterator[_T], view: KvSnapshot) -> AsyncIterator[_T]:
         """Items of `chunks`, each produced on the service's threads; closes `view` at the end."""
         try:
             while (item := await self._run(next, chunks, None)) is not None:
                 yield item
         except KvClosedError as e:
-            raise _Refused(grpc.StatusCode.UNAVAILABLE, f"the shard's store was closed mid-read: {e}") from None
+            raise _Refused(
+                grpc.StatusCode.UNAVAILABLE, f"the shard's store was closed mid-read: {e}"
+            ) from None
         finally:
             view.close()
 
     # -------------------------------------------------------------- routing and reads
 
-    async def ListShards(self, request: pb.ListShardsRequest, context: grpc.aio.ServicerContext) -> pb.ListShardsResponse:
+    async def ListShards(
+        self, request: pb.ListShardsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListShardsResponse:
         table = self._node.assignments()
         for ns in table.namespaces:
             if ns.namespace == request.namespace:
@@ -463,13 +481,18 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                 )
         known = sorted(ns.namespace for ns in table.namespaces)
         if not known:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "this node has no shard assignments yet")
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "this node has no shard assignments yet"
+            )
         await context.abort(
-            grpc.StatusCode.NOT_FOUND, f"namespace {request.namespace!r} not found (this cluster has {known})"
+            grpc.StatusCode.NOT_FOUND,
+            f"namespace {request.namespace!r} not found (this cluster has {known})",
         )
         raise AssertionError("context.abort returned")
 
-    async def SplitRanges(self, request: pb.SplitRangesRequest, context: grpc.aio.ServicerContext) -> pb.SplitRangesResponse:
+    async def SplitRanges(
+        self, request: pb.SplitRangesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SplitRangesResponse:
         try:
             if request.max_rows < 1:
                 raise _invalid(f"max_rows must be positive, got {request.max_rows}")
@@ -482,9 +505,13 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                 view.close()
         except _Refused as e:
             await e.abort(context)
-        return pb.SplitRangesResponse(ranges=[pb.KeyRange(min_inclusive=a, max_exclusive=b) for a, b in pieces])
+        return pb.SplitRangesResponse(
+            ranges=[pb.KeyRange(min_inclusive=a, max_exclusive=b) for a, b in pieces]
+        )
 
-    async def ScanArrow(self, request: pb.ScanRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ArrowChunk]:
+    async def ScanArrow(
+        self, request: pb.ScanRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ArrowChunk]:
         try:
             if request.ranges and request.keys:
                 raise _invalid("a scan reads ranges or keys, not both")
@@ -496,7 +523,9 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             host = self._host(request.namespace, request.shard, leader=not request.allow_follower)
             view = self._snapshot(host)
             offset = ShardReader(view).applied_position.offset
-            chunks = _scan_chunks(view, ranges, list(request.keys), request.batch_rows or DEFAULT_SCAN_BATCH_ROWS)
+            chunks = _scan_chunks(
+                view, ranges, list(request.keys), request.batch_rows or DEFAULT_SCAN_BATCH_ROWS
+            )
             sent = False
             async for ipc in self._stream(chunks, view):
                 sent = True
@@ -509,9 +538,13 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
 
     # -------------------------------------------------------------- writes
 
-    async def StageArrow(self, request: pb.StageArrowRequest, context: grpc.aio.ServicerContext) -> pb.StageArrowResponse:
+    async def StageArrow(
+        self, request: pb.StageArrowRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StageArrowResponse:
         try:
-            path = self._staging.check(request.write_id, request.namespace, request.shard, request.part, request.chunk)
+            path = self._staging.check(
+                request.write_id, request.namespace, request.shard, request.part, request.chunk
+            )
             self._host(request.namespace, request.shard, leader=True)
             rows = read_rows(request.ipc, "the staged rows")
             _check_rows(rows, unique_keys=False)
@@ -520,14 +553,18 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             await e.abort(context)
         return pb.StageArrowResponse(rows=rows.num_rows)
 
-    async def DiscardStaged(self, request: pb.DiscardStagedRequest, context: grpc.aio.ServicerContext) -> pb.DiscardStagedResponse:
+    async def DiscardStaged(
+        self, request: pb.DiscardStagedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DiscardStagedResponse:
         try:
             await self._run(self._staging.drop, request.write_id)
         except _Refused as e:
             await e.abort(context)
         return pb.DiscardStagedResponse()
 
-    async def WriteArrow(self, request: pb.WriteArrowRequest, context: grpc.aio.ServicerContext) -> pb.WriteArrowResponse:
+    async def WriteArrow(
+        self, request: pb.WriteArrowRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WriteArrowResponse:
         try:
             return await self._write(request)
         except _Refused as e:
@@ -556,7 +593,9 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
         if which == "ipc":
             rows = read_rows(request.ipc, "the rows")
         else:
-            rows = await self._run(self._staging.rows, request.staged.write_id, ns, shard, request.staged.parts)
+            rows = await self._run(
+                self._staging.rows, request.staged.write_id, ns, shard, request.staged.parts
+            )
         _check_rows(rows, request.unique_keys)
         payload = await self._run(write_payload, rows, self._node.now_ms(), origin, replace)
         if len(payload) > MAX_ENTRY_BYTES:
@@ -574,7 +613,9 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             ) from None
         if which == "staged":
             await self._run(self._staging.drop, request.staged.write_id, ns, shard)
-        return pb.WriteArrowResponse(offset=result.offset, duplicate=result.duplicate, rows=rows.num_rows)
+        return pb.WriteArrowResponse(
+            offset=result.offset, duplicate=result.duplicate, rows=rows.num_rows
+        )
 
     @staticmethod
     def _already_applied(kv: KvReader, origin: ClientSerial) -> bool:
@@ -583,7 +624,9 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
 
     # -------------------------------------------------------------- changes
 
-    async def GetOffsets(self, request: pb.GetOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.GetOffsetsResponse:
+    async def GetOffsets(
+        self, request: pb.GetOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetOffsetsResponse:
         try:
             host = self._host(request.namespace, request.shard, leader=not request.allow_follower)
             view = self._snapshot(host)
@@ -596,13 +639,17 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             await e.abort(context)
         return pb.GetOffsetsResponse(commit_offset=applied.offset, changes_kept_after=kept_after)
 
-    async def ReadChanges(self, request: pb.ReadChangesRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ArrowChunk]:
+    async def ReadChanges(
+        self, request: pb.ReadChangesRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ArrowChunk]:
         try:
             start, end = request.start_offset_exclusive, request.end_offset_inclusive
             if request.max_rows < 0:
                 raise _invalid(f"max_rows must be >= 0, got {request.max_rows}")
             if end < start:
-                raise _invalid(f"end_offset_inclusive {end} is before start_offset_exclusive {start}")
+                raise _invalid(
+                    f"end_offset_inclusive {end} is before start_offset_exclusive {start}"
+                )
             host = self._host(request.namespace, request.shard, leader=False)
             view = self._snapshot(host)
             applied = ShardReader(view).applied_position.offset

@@ -69,11 +69,8 @@ class QuorumstoreDataSource(DataSource):
         return "quorumstore"
 
     def _options(self, use: Use) -> SourceOptions:
-        merged = dict(self.defaults)
-        for key, value in self.options.items():
-            merged = {k: v for k, v in merged.items() if k.lower() != key.lower()}
-            merged[key] = value
-        return SourceOptions.parse(merged, use)
+        # Spark's option names arrive lower-cased, as `register` writes the defaults' names.
+        return SourceOptions.parse({**self.defaults, **self.options}, use)
 
     def schema(self) -> StructType:
         options = self._options(Use.ANY_READ)

@@ -226,11 +226,13 @@ class KeyFilter:
             return False
         if not key.startswith(self.prefix):
             return False
-        if self.lower is not None and (key < self.lower[0] or (key == self.lower[0] and not self.lower[1])):
+        if self.lower is not None and (
+            key < self.lower[0] or (key == self.lower[0] and not self.lower[1])
+        ):
             return False
-        if self.upper is not None and (key > self.upper[0] or (key == self.upper[0] and not self.upper[1])):
-            return False
-        return True
+        return self.upper is None or not (
+            key > self.upper[0] or (key == self.upper[0] and not self.upper[1])
+        )
 
     def mask(self, keys: pa.Array) -> pa.Array | None:
         """Which of `keys` pass every pushed key filter; None when all of them do."""

@@ -25,6 +25,7 @@ from pyspark.errors import PySparkValueError
 
 from quorumstore.data_client import DataClient, DataClientError
 from quorumstore.spark.datasource_values import FORMATS, TYPED_FORMATS, SchemaError, ValueCodec
+from quorumstore.storage.keys import compare_keys
 
 
 class QuorumstoreOptionError(PySparkValueError):
@@ -50,7 +51,8 @@ class Use(enum.Enum):
 
 _COMMON = {"address", "namespace", "valueFormat", "retryTimeout", "connectTimeout"}
 _ALLOWED: dict[Use, set[str]] = {
-    Use.READ: _COMMON | {"valueSchema", "keyStart", "keyEnd", "keyPrefix", "readFrom", "maxRowsPerPartition"},
+    Use.READ: _COMMON
+    | {"valueSchema", "keyStart", "keyEnd", "keyPrefix", "readFrom", "maxRowsPerPartition"},
     Use.WRITE: _COMMON | {"valueColumns", "chunkRows"},
     Use.STREAM_READ: _COMMON | {"valueSchema", "startingOffsets"},
     # Spark passes the sink's checkpoint location on as an option.
@@ -66,7 +68,9 @@ def _error(condition: str, message: str) -> QuorumstoreOptionError:
     return QuorumstoreOptionError(condition, message)
 
 
-def _positive(options: Mapping[str, str], name: str, default: float, kind: type[int] | type[float]) -> float:
+def _positive(
+    options: Mapping[str, str], name: str, default: float, kind: type[int | float]
+) -> float:
     raw = options.get(name)
     if raw is None:
         return default
@@ -75,7 +79,10 @@ def _positive(options: Mapping[str, str], name: str, default: float, kind: type[
     except ValueError:
         value = 0
     if value <= 0:
-        raise _error("QUORUMSTORE_INVALID_OPTION", f"option {name} must be a positive {kind.__name__}, got {raw!r}")
+        raise _error(
+            "QUORUMSTORE_INVALID_OPTION",
+            f"option {name} must be a positive {kind.__name__}, got {raw!r}",
+        )
     return value
 
 
@@ -110,7 +117,7 @@ class SourceOptions:
                 hint = f" (did you mean {allowed[close[0]]}?)" if close else ""
                 raise _error(
                     "QUORUMSTORE_UNKNOWN_OPTION",
-                    f"unknown option {name!r}{hint} for {use.value}.format(\"quorumstore\"); "
+                    f'unknown option {name!r}{hint} for {use.value}.format("quorumstore"); '
                     f"the options are {sorted(_ALLOWED[use] - {'checkpointLocation'})}",
                 )
             given[canonical] = value
@@ -123,13 +130,22 @@ class SourceOptions:
             )
         nodes = [a.strip() for a in address.split(",")]
         if not all(_ADDRESS.fullmatch(a) for a in nodes):
-            raise _error("QUORUMSTORE_INVALID_OPTION", f"option address must be host:port[,host:port...], got {address!r}")
+            raise _error(
+                "QUORUMSTORE_INVALID_OPTION",
+                f"option address must be host:port[,host:port...], got {address!r}",
+            )
         value_format = given.get("valueFormat", "binary").lower()
         if value_format not in FORMATS:
-            raise _error("QUORUMSTORE_INVALID_OPTION", f"option valueFormat must be one of {list(FORMATS)}, got {given['valueFormat']!r}")
+            raise _error(
+                "QUORUMSTORE_INVALID_OPTION",
+                f"option valueFormat must be one of {list(FORMATS)}, got {given['valueFormat']!r}",
+            )
         read_from = given.get("readFrom", "leader").lower()
         if read_from not in ("leader", "follower"):
-            raise _error("QUORUMSTORE_INVALID_OPTION", f"option readFrom must be 'leader' or 'follower', got {given['readFrom']!r}")
+            raise _error(
+                "QUORUMSTORE_INVALID_OPTION",
+                f"option readFrom must be 'leader' or 'follower', got {given['readFrom']!r}",
+            )
         value_columns = None
         if "valueColumns" in given:
             value_columns = tuple(c.strip() for c in given["valueColumns"].split(",") if c.strip())
@@ -157,12 +173,19 @@ class SourceOptions:
             key_end=given.get("keyEnd", ""),
             key_prefix=given.get("keyPrefix", ""),
             read_from=read_from,
-            max_rows_per_partition=int(_positive(given, "maxRowsPerPartition", DEFAULT_MAX_ROWS_PER_PARTITION, int)),
+            max_rows_per_partition=int(
+                _positive(given, "maxRowsPerPartition", DEFAULT_MAX_ROWS_PER_PARTITION, int)
+            ),
             chunk_rows=int(_positive(given, "chunkRows", DEFAULT_CHUNK_ROWS, int)),
             starting_offsets=starting,
             retry_timeout_s=_positive(given, "retryTimeout", 60.0, float),
             connect_timeout_s=_positive(given, "connectTimeout", 10.0, float),
         )
+        if parsed.key_end and compare_keys(parsed.key_start, parsed.key_end) > 0:
+            raise _error(
+                "QUORUMSTORE_INVALID_OPTION",
+                f"keyStart {parsed.key_start!r} sorts after keyEnd {parsed.key_end!r} in hierarchical key order",
+            )
         if use in (Use.READ, Use.STREAM_READ, Use.ANY_READ):
             parsed.read_codec()  # a bad valueSchema fails here, on the driver
         return parsed
@@ -183,7 +206,8 @@ def _parse_offsets(text: str, what: str) -> dict[str, int]:
     except json.JSONDecodeError:
         offsets = None
     if not isinstance(offsets, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in offsets.items()
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in offsets.items()
     ):
         raise _error(
             "QUORUMSTORE_INVALID_OPTION",

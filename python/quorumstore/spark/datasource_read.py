@@ -120,7 +120,9 @@ class QuorumstoreScan(DataSourceReader):
         self.options = options
         self.codec = options.read_codec()
         expected = output_schema(self.codec)
-        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in expected.fields]:
+        if [(f.name, f.dataType) for f in schema.fields] != [
+            (f.name, f.dataType) for f in expected.fields
+        ]:
             raise QuorumstoreOptionError(
                 "QUORUMSTORE_INVALID_SCHEMA",
                 f"the schema given with .schema() is {schema.simpleString()}, but quorumstore reads "

@@ -27,7 +27,12 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 from quorumstore.data_client import DataClient
-from quorumstore.spark.datasource_options import QuorumstoreOptionError, SourceOptions, connect, parse_offsets
+from quorumstore.spark.datasource_options import (
+    QuorumstoreOptionError,
+    SourceOptions,
+    connect,
+    parse_offsets,
+)
 from quorumstore.spark.datasource_read import RowShaper
 
 _OPERATIONS = pa.array(["put", "delete", "delete_range"])
@@ -59,7 +64,9 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
         with connect(options) as client:
             self._shards = [s.shard for s in client.shards()]
             if options.starting_offsets not in ("latest", "earliest"):
-                self._check_offsets(parse_offsets(options.starting_offsets), "option startingOffsets")
+                self._check_offsets(
+                    parse_offsets(options.starting_offsets), "option startingOffsets"
+                )
 
     def _key(self, shard: int) -> str:
         return f"{self.options.namespace}/{shard}"
@@ -76,7 +83,9 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
         out = {}
         for shard in self._shards:
             offsets = client.offsets(shard, allow_follower=True)
-            out[self._key(shard)] = offsets.changes_kept_after if earliest else offsets.commit_offset
+            out[self._key(shard)] = (
+                offsets.changes_kept_after if earliest else offsets.commit_offset
+            )
         return out
 
     def initialOffset(self) -> dict[str, int]:

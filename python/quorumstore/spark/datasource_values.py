@@ -109,7 +109,9 @@ class _Parser:
     def _take(self, expected: str | None = None) -> str:
         token = self._peek()
         if token is None:
-            raise SchemaError(f"{self.text!r} ends early" + (f"; expected {expected!r}" if expected else ""))
+            raise SchemaError(
+                f"{self.text!r} ends early" + (f"; expected {expected!r}" if expected else "")
+            )
         if expected is not None and token.upper() != expected:
             raise SchemaError(f"expected {expected!r} but found {token!r} in {self.text!r}")
         self.at += 1
@@ -202,7 +204,9 @@ def _json_read_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_date(t) or pa.types.is_decimal(t):
         return pa.string()
     if pa.types.is_list(t):
-        return pa.list_(pa.field(t.value_field.name, _json_read_type(t.value_type), t.value_field.nullable))
+        return pa.list_(
+            pa.field(t.value_field.name, _json_read_type(t.value_type), t.value_field.nullable)
+        )
     if pa.types.is_map(t):
         return pa.map_(_json_read_type(t.key_type), _json_read_type(t.item_type))
     if pa.types.is_struct(t):
@@ -249,7 +253,9 @@ class ValueCodec:
     def for_read(cls, fmt: str, value_schema: str | None) -> ValueCodec:
         if fmt in TYPED_FORMATS:
             if not value_schema:
-                raise SchemaError(f"valueFormat {fmt!r} needs the option valueSchema (a DDL string)")
+                raise SchemaError(
+                    f"valueFormat {fmt!r} needs the option valueSchema (a DDL string)"
+                )
             return cls(fmt, parse_schema(value_schema))
         if value_schema:
             raise SchemaError(f"valueSchema is only for valueFormat json or arrow, not {fmt!r}")
@@ -273,7 +279,9 @@ class ValueCodec:
                 raise ValueError(f"a value is not valid UTF-8 (valueFormat string): {e}") from None
         present = pc.is_valid(values)
         compact = values.filter(present)
-        columns = self._decode_json(compact) if self.format == "json" else self._decode_arrow(compact)
+        columns = (
+            self._decode_json(compact) if self.format == "json" else self._decode_arrow(compact)
+        )
         if len(compact) == len(values):
             return columns
         # Rows with a null value get null columns: take() with a null index yields null.
@@ -293,7 +301,9 @@ class ValueCodec:
         try:
             table = pa_json.read_json(io.BytesIO(text), parse_options=options)
         except pa.ArrowInvalid as e:
-            raise ValueError(f"cannot decode values as JSON objects with valueSchema {self.schema.simpleString()}: {e}") from None
+            raise ValueError(
+                f"cannot decode values as JSON objects with valueSchema {self.schema.simpleString()}: {e}"
+            ) from None
         if table.num_rows != len(values):
             raise ValueError(
                 f"{len(values)} values decoded into {table.num_rows} JSON objects: every value must be "
@@ -307,12 +317,16 @@ class ValueCodec:
             try:
                 table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
             except pa.ArrowInvalid as e:
-                raise ValueError(f"a value is not an Arrow IPC stream (valueFormat arrow): {e}") from None
+                raise ValueError(
+                    f"a value is not an Arrow IPC stream (valueFormat arrow): {e}"
+                ) from None
             if table.num_rows != 1:
                 raise ValueError(f"an Arrow value holds {table.num_rows} rows; it must hold one")
             missing = [f.name for f in self.arrow if f.name not in table.column_names]
             if missing:
-                raise ValueError(f"an Arrow value has no column(s) {missing}; it has {table.column_names}")
+                raise ValueError(
+                    f"an Arrow value has no column(s) {missing}; it has {table.column_names}"
+                )
             rows.append(table.select(self.arrow.names).cast(self.arrow))
         if not rows:
             return [pa.array([], f.type) for f in self.arrow]
@@ -330,12 +344,16 @@ class ValueCodec:
         if self.format == "json":
             return pa.array(
                 [
-                    json.dumps(row, default=_json_default, separators=(",", ":"), ensure_ascii=False).encode()
+                    json.dumps(
+                        row, default=_json_default, separators=(",", ":"), ensure_ascii=False
+                    ).encode()
                     for row in columns.to_pylist()
                 ],
                 pa.binary(),
             )
-        return pa.array([_ipc_row(columns.slice(i, 1)) for i in range(columns.num_rows)], pa.binary())
+        return pa.array(
+            [_ipc_row(columns.slice(i, 1)) for i in range(columns.num_rows)], pa.binary()
+        )
 
 
 def value_columns(fmt: str, names: Sequence[str], chosen: Sequence[str] | None) -> list[str]:

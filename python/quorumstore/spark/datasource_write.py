@@ -43,12 +43,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.errors import PySparkRuntimeError
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
 
 from quorumstore.data_client import DataClientError
 from quorumstore.spark.datasource_options import QuorumstoreOptionError, SourceOptions, connect
-from quorumstore.spark.datasource_values import TYPED_FORMATS, SchemaError, ValueCodec, value_columns
+from quorumstore.spark.datasource_values import (
+    TYPED_FORMATS,
+    SchemaError,
+    ValueCodec,
+    value_columns,
+)
 from quorumstore.storage.keys import decode_key, encode_keys
 from quorumstore.storage.write_batch import ClientSerial
 
@@ -63,12 +72,16 @@ class QuorumstoreWriteError(PySparkRuntimeError):
     """A write could not be completed; the message says what was and was not written."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message=message, errorClass="QUORUMSTORE_WRITE_FAILED", messageParameters={})
+        super().__init__(
+            message=message, errorClass="QUORUMSTORE_WRITE_FAILED", messageParameters={}
+        )
 
 
 def _has_non_string_map_key(data_type: DataType) -> bool:
     if isinstance(data_type, MapType):
-        return not isinstance(data_type.keyType, StringType) or _has_non_string_map_key(data_type.valueType)
+        return not isinstance(data_type.keyType, StringType) or _has_non_string_map_key(
+            data_type.valueType
+        )
     if isinstance(data_type, StructType):
         return any(_has_non_string_map_key(f.dataType) for f in data_type.fields)
     if isinstance(data_type, ArrayType):
@@ -89,7 +102,8 @@ class RowEncoder:
             )
         if not isinstance(by_name["key"].dataType, StringType):
             raise QuorumstoreOptionError(
-                "QUORUMSTORE_INVALID_SCHEMA", f"column 'key' must be a string, not {by_name['key'].dataType.simpleString()}"
+                "QUORUMSTORE_INVALID_SCHEMA",
+                f"column 'key' must be a string, not {by_name['key'].dataType.simpleString()}",
             )
         fmt = options.value_format
         columns = value_columns(fmt, names, options.value_columns)
@@ -100,7 +114,9 @@ class RowEncoder:
                 f"the DataFrame has no column(s) {missing} to write as the value; its columns are {names}",
             )
         if "key" in columns:
-            raise QuorumstoreOptionError("QUORUMSTORE_INVALID_OPTION", "valueColumns must not name 'key'")
+            raise QuorumstoreOptionError(
+                "QUORUMSTORE_INVALID_OPTION", "valueColumns must not name 'key'"
+            )
         unused = [n for n in names if n != "key" and n not in columns]
         if unused and options.value_columns is None:
             raise QuorumstoreOptionError(
@@ -119,7 +135,10 @@ class RowEncoder:
                 )
         value_schema = StructType([by_name[c] for c in columns])
         if fmt == "json" and _has_non_string_map_key(value_schema):
-            raise QuorumstoreOptionError("QUORUMSTORE_INVALID_SCHEMA", "valueFormat json cannot write maps with non-string keys")
+            raise QuorumstoreOptionError(
+                "QUORUMSTORE_INVALID_SCHEMA",
+                "valueFormat json cannot write maps with non-string keys",
+            )
         try:
             self.codec = ValueCodec(fmt, value_schema if fmt in TYPED_FORMATS else None)
         except SchemaError as e:
@@ -251,8 +270,14 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
                         if not validate_only:
                             published.append(shard)
             except DataClientError as e:
-                done = f"shards {published} were written, {sorted(set(targets) - set(published))} were not" if published else "nothing was written"
-                raise QuorumstoreWriteError(f"write {self.write_id} failed at commit ({done}): {e}") from None
+                done = (
+                    f"shards {published} were written, {sorted(set(targets) - set(published))} were not"
+                    if published
+                    else "nothing was written"
+                )
+                raise QuorumstoreWriteError(
+                    f"write {self.write_id} failed at commit ({done}): {e}"
+                ) from None
             finally:
                 client.discard(self.write_id)
 
@@ -297,7 +322,9 @@ class QuorumstoreStreamWriter(DataSourceStreamArrowWriter):
             def send(shard: int, rows: pa.Table) -> None:
                 index = chunks.get(shard, 0)
                 if index >> _CHUNK_BITS:
-                    raise RuntimeError(f"micro-batch {batch_id} has over {1 << _CHUNK_BITS} chunks for shard {shard}")
+                    raise RuntimeError(
+                        f"micro-batch {batch_id} has over {1 << _CHUNK_BITS} chunks for shard {shard}"
+                    )
                 serial = (int(batch_id) << _CHUNK_BITS) | index
                 result = client.write(shard, rows, origin=ClientSerial(client_id, serial))
                 chunks[shard] = index + 1
@@ -328,4 +355,3 @@ def check_stream_mode(overwrite: bool) -> None:
             "QUORUMSTORE_INVALID_OPTION",
             "the quorumstore sink supports the append and update output modes, not complete",
         )
-

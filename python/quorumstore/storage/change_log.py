@@ -129,7 +129,9 @@ def entry_changes(
 
     created = pc.equal(written.column("modifications_count"), 0)
     put_events = pc.if_else(
-        created, pa.scalar(ChangeEvent.KEY_CREATED.value, pa.int8()), pa.scalar(ChangeEvent.KEY_MODIFIED.value, pa.int8())
+        created,
+        pa.scalar(ChangeEvent.KEY_CREATED.value, pa.int8()),
+        pa.scalar(ChangeEvent.KEY_MODIFIED.value, pa.int8()),
     )
     return pa.RecordBatch.from_arrays(
         [
@@ -145,7 +147,12 @@ def entry_changes(
             ),
             pa.concat_arrays(
                 [
-                    int8s([(ChangeEvent.KEY_RANGE_DELETED, n_ranges), (ChangeEvent.KEY_DELETED, n_deleted)]),
+                    int8s(
+                        [
+                            (ChangeEvent.KEY_RANGE_DELETED, n_ranges),
+                            (ChangeEvent.KEY_DELETED, n_deleted),
+                        ]
+                    ),
                     put_events,
                 ]
             ),

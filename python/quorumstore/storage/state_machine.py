@@ -273,8 +273,24 @@ def _header_field(records: pa.BinaryArray, at: int, width: int, kind: pa.DataTyp
     return pa.Array.from_buffers(kind, len(raw), [None, _fixed_width_data(raw, width)])
 
 
+#: Below this many records a plain loop beats the fixed cost of a dozen Arrow kernels.
+_SMALL_BATCH = 64
+
+
+def _small_records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
+    records = [decode_record(v) for v in values]
+    columns = [
+        pa.array([decode_key(k) for k in keys], pa.string()),
+        pa.array([r.value for r in records], pa.binary()),
+        *(pa.array([r[i] for r in records], pa.int64()) for i in range(1, 5)),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=SCAN_SCHEMA)
+
+
 def _records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
     """SCAN_SCHEMA batch of raw KV items, decoded with Arrow kernels, not per row."""
+    if len(keys) < _SMALL_BATCH:
+        return _small_records_batch(keys, values)
     records = pa.array(values, pa.binary())
     if pc.any(pc.less(pc.binary_length(records), _HEADER.size)).as_py():
         raise ValueError(f"a record is shorter than its {_HEADER.size}-byte header")
