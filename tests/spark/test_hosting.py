@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import oxia
 import pytest
 from pyspark.sql import SparkSession
 
@@ -114,9 +113,6 @@ def test_start_write_read_kill_one_node_stop(
         with cluster.client() as client:
             client.put("/hosted/greeting", b"hello")
             assert client.get("/hosted/greeting").value == b"hello"
-        with oxia.Client(cluster.address) as official:  # any Oxia client works too
-            official.put("/hosted/official", b"also")
-            assert official.get("/hosted/official")[1] == b"also"
 
         status = cluster.status()
         assert status.online
