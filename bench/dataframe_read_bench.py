@@ -8,7 +8,7 @@ One run, one Spark session (local[2]), side by side:
    Parquet file (pyarrow, snappy);
 2. both are read once untimed (Python workers started, caches warm), then each
    measurement runs REPEATS times alternating the two sources, and the best time of
-   each counts:
+   each counts (the data service's own scan rate, without Spark, is printed too):
    - count:       ``df.count()``, as Spark plans it for each source (Parquet answers
                   from row-group metadata without decoding rows; a Python data source
                   always produces every row and column);
@@ -100,6 +100,13 @@ def load(address: str, rows: int, parquet_path: Path) -> float:
     return spent
 
 
+def scan_all(address: str, rows: int) -> None:
+    """Every row through the data service alone, shard after shard, as Spark's tasks read them."""
+    with DataClient(address) as client:
+        got = sum(b.num_rows for s in client.shards() for b, _ in client.scan(s.shard))
+    assert got == rows, f"scanned {got} rows, not {rows}"
+
+
 def best_of(repeats: int, runs: dict[str, Callable[[], object]]) -> dict[str, float]:
     """Best wall time of each run, the runs alternating so that drift hurts all alike."""
     best = {name: float("inf") for name in runs}
@@ -166,9 +173,13 @@ def main() -> int:
                 for name, df in sources.items()
             },
         )
+        scan = best_of(args.repeats, {"quorumstore": lambda: scan_all(address, args.rows)})
         partitions = sources["quorumstore"].rdd.getNumPartitions()
         print(
-            f"rows: {args.rows}, quorumstore partitions: {partitions}, Spark local[2], best of {args.repeats}"
+            f"\nrows: {args.rows}, quorumstore partitions: {partitions}, Spark local[2], "
+            f"best of {args.repeats}; the data service alone (one client, no Spark) scans "
+            f"{args.rows / scan['quorumstore']:,.0f} rows/s",
+            flush=True,
         )
         for label, times in (("count", counts), ("read + count", reads)):
             qs, pq_ = args.rows / times["quorumstore"], args.rows / times["parquet"]

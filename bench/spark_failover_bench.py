@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import itertools
+import os
+import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -116,7 +117,9 @@ class _PacedWrites:
         for n in itertools.count():
             if self._stop.is_set():
                 break
-            pending.add(asyncio.get_running_loop().create_task(self._write(f"{prefix}{n:010d}", value)))
+            pending.add(
+                asyncio.get_running_loop().create_task(self._write(f"{prefix}{n:010d}", value))
+            )
             pending = {t for t in pending if not t.done()}
             await asyncio.sleep(self._interval_s)
         await asyncio.gather(*pending)
@@ -140,13 +143,17 @@ def wait_converged(cluster: HostedCluster, timeout_s: float = RECOVERY_TIMEOUT_S
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         status = cluster.status()
-        if status.online and all(len(s.eligible) == cluster.config.nodes for s in status.cluster.metadata.shards):
+        if status.online and all(
+            len(s.eligible) == cluster.config.nodes for s in status.cluster.metadata.shards
+        ):
             return
         time.sleep(0.1)
     raise TimeoutError(f"the cluster did not converge within {timeout_s:g} s:\n{cluster.status()}")
 
 
-def _wait_recovered(cluster: HostedCluster, victim: int, old_pid: int, killed_at: float) -> tuple[float, float]:
+def _wait_recovered(
+    cluster: HostedCluster, victim: int, old_pid: int, killed_at: float
+) -> tuple[float, float]:
     """(task back, all up) in seconds after the kill: the victim's new task runs, then
     every shard has a leader and the coordinator reaches every node."""
     task_back: float | None = None
@@ -157,7 +164,9 @@ def _wait_recovered(cluster: HostedCluster, victim: int, old_pid: int, killed_at
         if task_back is not None and cluster.status().online:
             return task_back, time.monotonic() - killed_at
         time.sleep(0.05)
-    raise TimeoutError(f"the cluster did not recover within {RECOVERY_TIMEOUT_S:g} s:\n{cluster.status()}")
+    raise TimeoutError(
+        f"the cluster did not recover within {RECOVERY_TIMEOUT_S:g} s:\n{cluster.status()}"
+    )
 
 
 async def failover_trial(cluster: HostedCluster) -> Trial:
@@ -182,7 +191,9 @@ async def failover_trial(cluster: HostedCluster) -> Trial:
         while _alive(pid):
             await asyncio.sleep(0.005)
         killed_at = time.monotonic()
-        task_back_s, all_up_s = await asyncio.to_thread(_wait_recovered, cluster, victim, pid, killed_at)
+        task_back_s, all_up_s = await asyncio.to_thread(
+            _wait_recovered, cluster, victim, pid, killed_at
+        )
         await asyncio.sleep(SETTLE_S)
         writes = await load.stop()
         lost = await _lost(client, acknowledged)
@@ -195,7 +206,9 @@ async def failover_trial(cluster: HostedCluster) -> Trial:
     if first_write is None or recovered is None:
         raise RuntimeError(f"writes still fail {SETTLE_S:g} s after the cluster reported itself up")
     if lost:
-        raise AssertionError(f"{len(lost)} of {len(acknowledged)} acknowledged writes lost, changed or unreadable, e.g. {lost[:3]}")
+        raise AssertionError(
+            f"{len(lost)} of {len(acknowledged)} acknowledged writes lost, changed or unreadable, e.g. {lost[:3]}"
+        )
     submissions_after = sum(job.submissions for job in cluster.status().node_jobs)
     return Trial(
         cluster.config.placement,
@@ -217,7 +230,11 @@ async def _lost(client: AsyncClient, acknowledged: dict[str, bytes]) -> list[str
     records = await asyncio.gather(
         *(client.get(key, partition_key=FAILOVER_PARTITION) for key in keys), return_exceptions=True
     )
-    return [k for k, r in zip(keys, records) if isinstance(r, BaseException) or r.value != acknowledged[k]]
+    return [
+        k
+        for k, r in zip(keys, records)
+        if isinstance(r, BaseException) or r.value != acknowledged[k]
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -245,14 +262,25 @@ def main(argv: list[str] | None = None) -> int:
     import quorumstore.spark
 
     base = Path(args.dir or tempfile.mkdtemp(prefix="qs-spark-failover-"))
-    spark = SparkSession.builder.master(args.master).appName("quorumstore failover bench").getOrCreate()
+    remove_base = args.dir is None
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("quorumstore failover bench")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     results: dict[str, list[Trial]] = {}
     try:
         for placement in args.placements.split(","):
             with quorumstore.spark.start(
-                spark, nodes=3, shards=args.shards, replication_factor=3, placement=placement,
-                data_dir=base / placement, base_port=args.base_port,
+                spark,
+                nodes=3,
+                shards=args.shards,
+                replication_factor=3,
+                placement=placement,
+                data_dir=base / placement,
+                base_port=args.base_port,
             ) as cluster:
                 results[placement] = []
                 for _ in range(args.trials):
@@ -261,7 +289,11 @@ def main(argv: list[str] | None = None) -> int:
                     results[placement].append(trial)
     finally:
         spark.stop()
-    print(f"master {args.master}, 3 nodes, {args.shards} shards, replication factor 3, {args.trials} trials each:")
+        if remove_base:
+            shutil.rmtree(base, ignore_errors=True)
+    print(
+        f"master {args.master}, 3 nodes, {args.shards} shards, replication factor 3, {args.trials} trials each:"
+    )
     for placement, trials in results.items():
         print(
             f"  {placement:<11} kill -9 -> writes back for good: median "

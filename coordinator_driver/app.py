@@ -47,12 +47,17 @@ def main() -> int:
 
     spark = SparkSession.builder.getOrCreate()
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # after the session: PySpark installs a SIGINT handler
+    for sig in (
+        signal.SIGTERM,
+        signal.SIGINT,
+    ):  # after the session: PySpark installs a SIGINT handler
         signal.signal(sig, lambda *_: stop.set())
     try:
         # The session's settings (spark-submit --conf, spark-defaults.conf) win over the file.
         settings = {**read_conf_file(CONF_FILE), **dict(spark.sparkContext.getConf().getAll())}
-        cluster = quorumstore.spark.start(spark, **dataclasses.asdict(HostingConfig.resolve(settings)))
+        cluster = quorumstore.spark.start(
+            spark, **dataclasses.asdict(HostingConfig.resolve(settings))
+        )
     except (ValueError, RuntimeError) as e:
         print(f"quorumstore: error: {e}", file=sys.stderr, flush=True)
         spark.stop()

@@ -60,9 +60,6 @@ class NodeTaskSpec:
     barrier: bool
     log_level: str
 
-    def address(self, index: int) -> str:
-        return f"{self.host}:{self.base_port + index}"
-
     def node_dir(self, index: int) -> Path:
         return Path(self.data_dir) / f"node{index}"
 
@@ -93,7 +90,13 @@ async def _supervise(spec: NodeTaskSpec, index: int) -> None:
             failure = "its gRPC server stopped"
         except Exception as e:  # noqa: BLE001 - any failure of the node restarts it
             failure = f"{type(e).__name__}: {e}"
-        log.warning("node %d (%s) failed: %s; restarting it from %s", index, node.name, failure, spec.node_dir(index))
+        log.warning(
+            "node %d (%s) failed: %s; restarting it from %s",
+            index,
+            node.name,
+            failure,
+            spec.node_dir(index),
+        )
         await _stop_quietly(node)
         node = await _start_until_up(spec, index)
 
@@ -102,19 +105,38 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
     """Starts node `index`, retrying with backoff until it serves; returns it."""
     delay = RESTART_DELAY_S
     while True:
-        node = Node(NodeConfig(spec.node_dir(index), host=spec.host, port=spec.base_port + index, wal_sync=spec.wal_sync))
+        node = Node(
+            NodeConfig(
+                spec.node_dir(index),
+                host=spec.host,
+                port=spec.base_port + index,
+                wal_sync=spec.wal_sync,
+            )
+        )
         try:
             _check_port_free(spec, index)
             address = await node.start()
         except NodeConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - a node that cannot start is retried, not fatal
-            log.warning("node %d could not start (%s: %s); retrying in %.1f s", index, type(e).__name__, e, delay)
+            log.warning(
+                "node %d could not start (%s: %s); retrying in %.1f s",
+                index,
+                type(e).__name__,
+                e,
+                delay,
+            )
             await _stop_quietly(node)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESTART_DELAY_MAX_S)
             continue
-        log.info("node %d serving on %s (pid %d, data in %s)", index, address, os.getpid(), spec.node_dir(index))
+        log.info(
+            "node %d serving on %s (pid %d, data in %s)",
+            index,
+            address,
+            os.getpid(),
+            spec.node_dir(index),
+        )
         return node
 
 
@@ -137,7 +159,10 @@ def _check_port_free(spec: NodeTaskSpec, index: int) -> None:
                     f"{spec.host}; every storage node must run on the machine spark.quorumstore.host names"
                 ) from None
             if e.errno == errno.EADDRINUSE:
-                raise OSError(e.errno, f"port {port} is in use (an earlier incarnation of node {index} still exiting, or another program)") from None
+                raise OSError(
+                    e.errno,
+                    f"port {port} is in use (an earlier incarnation of node {index} still exiting, or another program)",
+                ) from None
             raise
 
 
@@ -154,7 +179,11 @@ def _gather_addresses(spec: NodeTaskSpec, index: int, address: str) -> None:
             f"loopback address {spec.host}; hosting needs every executor on one machine"
         )
     if index == 0:
-        log.info("all %d nodes up: %s", len(peers), ", ".join(f"{p['address']} (pid {p['pid']})" for p in peers))
+        log.info(
+            "all %d nodes up: %s",
+            len(peers),
+            ", ".join(f"{p['address']} (pid {p['pid']})" for p in peers),
+        )
 
 
 async def _stop_quietly(node: Node) -> None:

@@ -1,4 +1,5 @@
-"""The official Oxia Python client (`oxia` 0.2.1) against `quorumstore standalone`.
+"""The official Oxia Python client (`oxia` 0.2.1) against `quorumstore standalone` and
+against a 3-node `quorumstore cluster` (replication factor 3).
 
 This is the compatibility claim tested end to end: an unmodified Oxia client
 discovers the shards, routes by its own hash, and sees Oxia's semantics for puts,
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +31,7 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
 SHARDS = 3
 CLIENT_ATTEMPTS = 3
 STARTUP_TIMEOUT_S = 60
-LISTENING = re.compile(r"quorumstore standalone listening on (\S+:\d+)")
+LISTENING = re.compile(r"(?:quorumstore standalone listening on|client address:) (\S+:\d+)")
 
 
 def _read_address(process: subprocess.Popen[str], log: Path) -> str:
@@ -60,25 +62,42 @@ def _read_address(process: subprocess.Popen[str], log: Path) -> str:
     return found[0]
 
 
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A `quorumstore standalone` process with SHARDS shards; yields its client address."""
-    data_dir = tmp_path_factory.mktemp("standalone")
+def _free_port_block(size: int) -> int:
+    """A base port with `size` free consecutive ports after it (the cluster's layout)."""
+    for base in range(21000, 30000, 97):
+        sockets = []
+        try:
+            for port in range(base, base + size):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError("no block of free loopback ports found")
+
+
+def _server_command(kind: str, data_dir: Path) -> list[str]:
+    if kind == "standalone":
+        return ["standalone", "--shards", str(SHARDS), "--port", "0", "--data-dir", str(data_dir)]
+    return [
+        "cluster", "--nodes", "3", "--shards", str(SHARDS), "--replication-factor", "3",
+        "--data-dir", str(data_dir), "--base-port", str(_free_port_block(4)),
+    ]
+
+
+@pytest.fixture(scope="module", params=["standalone", "cluster"])
+def standalone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `quorumstore standalone` process with SHARDS shards, or a 3-node cluster with
+    SHARDS shards at replication factor 3; yields a client address."""
+    data_dir = tmp_path_factory.mktemp(request.param)
     log = data_dir / "server.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorumstore.cli",
-                "standalone",
-                "--shards",
-                str(SHARDS),
-                "--port",
-                "0",
-                "--data-dir",
-                str(data_dir / "data"),
-            ],
+            [sys.executable, "-m", "quorumstore.cli", *_server_command(request.param, data_dir / "data")],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,

@@ -518,6 +518,8 @@ def test_the_change_feed_delivers_every_change_once_across_a_leader_kill(
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
         time.sleep(8)
+        seen = spark.sql("SELECT count(*) AS n FROM killfeed").first().n
+        assert seen > 0, "the stream has delivered nothing before the kill"
         leader = cluster.leader_of(0)
         term = cluster.shard_metadata(0).term
         cluster.kill9(leader)

@@ -32,11 +32,13 @@ from quorumstore.spark.slots import current_slots
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from spark_failover_bench import failover_trial  # noqa: E402
+from spark_failover_bench import failover_trial
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-MASTERS = pytest.mark.parametrize("spark", ["local[4]", "local-cluster[3,1,1024]"], indirect=True, scope="module")
+MASTERS = pytest.mark.parametrize(
+    "spark", ["local[4]", "local-cluster[3,1,1024]"], indirect=True, scope="module"
+)
 LOCAL = pytest.mark.parametrize("spark", ["local[4]"], indirect=True, scope="module")
 NODES = 3
 
@@ -52,7 +54,9 @@ def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
-    assert session.sparkContext.master == master, f"another Spark session ({session.sparkContext.master}) is still active"
+    assert session.sparkContext.master == master, (
+        f"another Spark session ({session.sparkContext.master}) is still active"
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -76,10 +80,16 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _assert_gone(spark: SparkSession, cluster: quorumstore.spark.HostedCluster, pids: dict[int, int]) -> None:
+def _assert_gone(
+    spark: SparkSession, cluster: quorumstore.spark.HostedCluster, pids: dict[int, int]
+) -> None:
     """Nothing of a stopped cluster is left: processes, ports, task slots, driver threads."""
     assert [p for p in pids.values() if _alive(p)] == []
-    assert [p for p in range(cluster.config.base_port, cluster.config.admin_port + 1) if not _port_free(p)] == []
+    assert [
+        p
+        for p in range(cluster.config.base_port, cluster.config.admin_port + 1)
+        if not _port_free(p)
+    ] == []
     assert current_slots(spark.sparkContext).busy == 0
     assert [t.name for t in threading.enumerate() if t.name.startswith("quorumstore")] == []
 
@@ -104,11 +114,18 @@ def test_start_write_read_kill_one_node_stop(
     local[4] tries a task once, so there the driver resubmits the killed node's own job;
     in local-cluster the barrier job of all nodes is resubmitted."""
     cluster = quorumstore.spark.start(
-        spark, nodes=NODES, shards=4, replication_factor=3, placement=placement,
-        data_dir=tmp_path, base_port=free_port_block(NODES + 1),
+        spark,
+        nodes=NODES,
+        shards=4,
+        replication_factor=3,
+        placement=placement,
+        data_dir=tmp_path,
+        base_port=free_port_block(NODES + 1),
     )
     try:
-        assert cluster.addresses == [f"127.0.0.1:{cluster.config.base_port + i}" for i in range(NODES)]
+        assert cluster.addresses == [
+            f"127.0.0.1:{cluster.config.base_port + i}" for i in range(NODES)
+        ]
         assert cluster.address == cluster.addresses[0]
         with cluster.client() as client:
             client.put("/hosted/greeting", b"hello")
@@ -118,7 +135,9 @@ def test_start_write_read_kill_one_node_stop(
         assert status.online
         assert sorted(status.leaders) == [0, 1, 2, 3] and all(status.leaders.values())
         assert len(re.findall(r"^default/\d\s+online", str(status), re.MULTILINE)) == 4
-        assert [(j.submissions, j.failures) for j in status.node_jobs] == [(1, 0)] * len(status.node_jobs)
+        assert [(j.submissions, j.failures) for j in status.node_jobs] == [(1, 0)] * len(
+            status.node_jobs
+        )
         assert len(status.node_jobs) == (1 if placement == "barrier" else NODES)
         assert all((tmp_path / f"node{i}").is_dir() for i in range(NODES))
 
@@ -127,7 +146,10 @@ def test_start_write_read_kill_one_node_stop(
             print(f"\n[{spark.sparkContext.master}] {trial}")
         assert trial.recovered_s >= trial.first_write_s > 0
         assert trial.resubmissions == 1  # the driver brought the failed node job back
-        assert any("Python worker exited unexpectedly" in str(j.last_failure) for j in cluster.status().node_jobs)
+        assert any(
+            "Python worker exited unexpectedly" in str(j.last_failure)
+            for j in cluster.status().node_jobs
+        )
         pids = cluster.node_pids()
         assert sorted(pids) == [0, 1, 2] and all(_alive(p) for p in pids.values())
     finally:
@@ -140,21 +162,27 @@ def test_start_write_read_kill_one_node_stop(
 @MASTERS
 def test_too_few_slots_fails_at_once(spark: SparkSession, tmp_path: Path) -> None:
     started = time.monotonic()
-    with pytest.raises(quorumstore.spark.NotEnoughSlotsError, match=r"needs 5 free Spark task slots.*allows [34]"):
+    with pytest.raises(
+        quorumstore.spark.NotEnoughSlotsError, match=r"needs 5 free Spark task slots.*allows [34]"
+    ):
         quorumstore.spark.start(spark, nodes=5, data_dir=tmp_path, base_port=30000)
     assert time.monotonic() - started < 5
     assert not (tmp_path / "coordinator").exists()  # nothing was started
 
 
 @LOCAL
-def test_node_error_restarts_inside_its_task(spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]) -> None:
+def test_node_error_restarts_inside_its_task(
+    spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
     """Node 1 cannot bind its port at first: its task retries in place, the job never fails."""
     base = free_port_block(NODES + 1)
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", base + 1))
     squatter.listen()
-    threading.Timer(8.0, squatter.close).start()
-    with quorumstore.spark.start(spark, nodes=NODES, shards=2, data_dir=tmp_path, base_port=base) as cluster:
+    threading.Timer(3.0, squatter.close).start()
+    with quorumstore.spark.start(
+        spark, nodes=NODES, shards=2, data_dir=tmp_path, base_port=base
+    ) as cluster:
         (job,) = cluster.status().node_jobs
         assert (job.submissions, job.failures) == (1, 0)
         assert cluster.status().online
@@ -164,9 +192,18 @@ def test_node_error_restarts_inside_its_task(spark: SparkSession, tmp_path: Path
 
 
 def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Path) -> None:
-    conf = {"spark.quorumstore.nodes": "5", "spark.quorumstore.shards": "2", "spark.quorumstore.dataDir": str(tmp_path)}
+    conf = {
+        "spark.quorumstore.nodes": "5",
+        "spark.quorumstore.shards": "2",
+        "spark.quorumstore.dataDir": str(tmp_path),
+    }
     config = HostingConfig.resolve(conf, shards=16)
-    assert (config.nodes, config.shards, config.replication_factor, config.placement) == (5, 16, 3, "barrier")
+    assert (config.nodes, config.shards, config.replication_factor, config.placement) == (
+        5,
+        16,
+        3,
+        "barrier",
+    )
     assert config.metadata_url == str(tmp_path / "coordinator" / "metadata.pb")
     assert config.node_addresses[-1] == "127.0.0.1:6652" and config.admin_port == 6653
     assert HostingConfig.resolve({}).data_dir == Path.cwd() / "quorumstore-data"
@@ -175,9 +212,18 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
-        ({"spark.quorumstore.nodes": "three"}, "spark.quorumstore.nodes: cannot read 'three' as a whole number"),
-        ({"spark.quorumstore.replicationFactor": "4"}, "replicationFactor must be between 1 and the number of nodes"),
-        ({"spark.quorumstore.placement": "spread"}, "placement must be one of barrier, independent"),
+        (
+            {"spark.quorumstore.nodes": "three"},
+            "spark.quorumstore.nodes: cannot read 'three' as a whole number",
+        ),
+        (
+            {"spark.quorumstore.replicationFactor": "4"},
+            "replicationFactor must be between 1 and the number of nodes",
+        ),
+        (
+            {"spark.quorumstore.placement": "spread"},
+            "placement must be one of barrier, independent",
+        ),
         ({"spark.quorumstore.walSync": "yes"}, "walSync: cannot read 'yes' as true or false"),
         ({"spark.quorumstore.basePort": "65534"}, "basePort must leave room"),
     ],
@@ -193,50 +239,62 @@ def test_bad_settings_are_named(conf: dict[str, str], message: str) -> None:
 SPARK_SUBMIT = Path(__import__("pyspark").__file__).parent / "bin" / "spark-submit"
 
 
-def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float) -> tuple[re.Match[str], str]:
-    """The first match of `pattern` in the process's output, and the output so far."""
-    assert process.stdout is not None
+def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float) -> re.Match[str]:
+    """The first match of `pattern` in the process's output (which is drained to the end)."""
     seen: list[str] = []
     found: list[re.Match[str]] = []
+    matched = threading.Event()
 
-    def scan() -> None:
+    def drain() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             seen.append(line)
-            if match := re.search(pattern, line):
+            if not found and (match := re.search(pattern, line)):
                 found.append(match)
-                return
+                matched.set()
 
-    reader = threading.Thread(target=scan, daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    if not found:
+    threading.Thread(target=drain, daemon=True).start()
+    if not matched.wait(timeout_s):
         process.kill()
-        pytest.fail(f"no line matching {pattern!r} within {timeout_s:g} s; output:\n{''.join(seen)[-5000:]}")
-    return found[0], "".join(seen)
+        pytest.fail(
+            f"no line matching {pattern!r} within {timeout_s:g} s; output:\n{''.join(seen)[-5000:]}"
+        )
+    return found[0]
 
 
-def test_spark_submit_app_serves_until_sigterm(tmp_path: Path, free_port_block: Callable[[int], int]) -> None:
+def test_spark_submit_app_serves_until_sigterm(
+    tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
     """The command in docs/running-on-spark.md, with --conf overrides; SIGTERM to spark-submit stops it."""
     base = free_port_block(NODES + 1)
     command = [
         str(SPARK_SUBMIT),
-        "--conf", f"spark.quorumstore.basePort={base}",
-        "--conf", f"spark.quorumstore.dataDir={tmp_path}",
-        "--conf", "spark.quorumstore.shards=2",
+        "--conf",
+        f"spark.quorumstore.basePort={base}",
+        "--conf",
+        f"spark.quorumstore.dataDir={tmp_path}",
+        "--conf",
+        "spark.quorumstore.shards=2",
         "coordinator_driver/app.py",
     ]
     env = {**os.environ, "SPARK_CONF_DIR": "conf", "PYSPARK_PYTHON": sys.executable}
-    app = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    app = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
-        match, output = _read_until(app, r"quorumstore client endpoint: (\S+)", 240)
+        match = _read_until(app, r"quorumstore client endpoint: (\S+)", 240)
         assert match[1] == f"127.0.0.1:{base}"
         with quorumstore.Client(match[1]) as client:
             client.put("/submitted", b"yes")
             assert client.get("/submitted").value == b"yes"
         nodes = [int((tmp_path / f"node{i}.pid").read_text()) for i in range(NODES)]
         pgrep = ["pgrep", "-P", str(app.pid), "-f", "coordinator_driver/app.py"]
-        python_driver = [int(p) for p in subprocess.run(pgrep, capture_output=True, text=True).stdout.split()]
+        python_driver = [
+            int(p)
+            for p in subprocess.run(
+                pgrep, check=False, capture_output=True, text=True
+            ).stdout.split()
+        ]
         assert len(python_driver) == 1 and all(_alive(p) for p in nodes)
         app.send_signal(signal.SIGTERM)  # spark-submit's JVM, as `kill <pid>` would
         app.wait(60)

@@ -7,4 +7,10 @@
 from quorumstore.spark.hosting import ClusterStartError, HostedCluster, HostedClusterStatus, start
 from quorumstore.spark.slots import NotEnoughSlotsError
 
-__all__ = ["ClusterStartError", "HostedCluster", "HostedClusterStatus", "NotEnoughSlotsError", "start"]
+__all__ = [
+    "ClusterStartError",
+    "HostedCluster",
+    "HostedClusterStatus",
+    "NotEnoughSlotsError",
+    "start",
+]

@@ -103,7 +103,9 @@ class HostingConfig:
                 try:
                     values[name] = parse(raw)
                 except ValueError:
-                    raise ValueError(f"{PREFIX}{key}: cannot read {raw!r} as {_describe(name)}") from None
+                    raise ValueError(
+                        f"{PREFIX}{key}: cannot read {raw!r} as {_describe(name)}"
+                    ) from None
         config = dataclasses.replace(cls(), **values)
         data_dir = Path(os.path.abspath(Path(config.data_dir).expanduser()))
         config = dataclasses.replace(
@@ -127,7 +129,9 @@ class HostingConfig:
                 f"({self.nodes}), got {self.replication_factor}"
             )
         if self.placement not in PLACEMENTS:
-            problems.append(f"{PREFIX}placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+            problems.append(
+                f"{PREFIX}placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}"
+            )
         if not self.host:
             problems.append(f"{PREFIX}host must not be empty")
         if not 1 <= self.base_port <= 65535 - self.nodes:
@@ -138,7 +142,9 @@ class HostingConfig:
         if self.start_timeout_s <= 0:
             problems.append(f"{PREFIX}startTimeout must be positive, got {self.start_timeout_s}")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
-            problems.append(f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}")
+            problems.append(
+                f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}"
+            )
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -26,7 +26,9 @@ class CoordinatorThread:
     def __init__(self, config: CoordinatorServerConfig):
         self.server = CoordinatorServer(config)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="quorumstore-coordinator", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="quorumstore-coordinator", daemon=True
+        )
 
     def start(self) -> None:
         """Loads or creates the metadata and starts serving; raises what the server raised."""

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from pyspark.sql import SparkSession
 
@@ -34,7 +34,13 @@ from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ShardState
 from quorumstore.spark.config import HostingConfig
 from quorumstore.spark.coordinator_thread import CoordinatorThread
-from quorumstore.spark.node_jobs import NodeJob, NodeJobState, spark_stopped, submit_node_jobs, wait_for_exit
+from quorumstore.spark.node_jobs import (
+    NodeJob,
+    NodeJobState,
+    spark_stopped,
+    submit_node_jobs,
+    wait_for_exit,
+)
 from quorumstore.spark.slots import check_free_slots
 
 log = logging.getLogger(__name__)
@@ -89,7 +95,13 @@ class HostedCluster:
         The resolved settings, including the data directory and placement.
     """
 
-    def __init__(self, spark: SparkSession, config: HostingConfig, coordinator: CoordinatorThread, cluster_id: str):
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: HostingConfig,
+        coordinator: CoordinatorThread,
+        cluster_id: str,
+    ):
         self.config = config
         self.addresses = config.node_addresses
         self.address = self.addresses[0]
@@ -119,6 +131,22 @@ class HostedCluster:
             tuple(job.state() for job in self._jobs),
         )
 
+    def node_pids(self) -> dict[int, int]:
+        """Node index -> pid of the Python worker running it, as its task last wrote it.
+
+        Read from ``data_dir/node<i>.pid``, so only meaningful on the executors' machine
+        (local and local-cluster masters); pid files older than this cluster are ignored.
+        """
+        pids = {}
+        for i in range(self.config.nodes):
+            pid_file = Path(self.config.data_dir) / f"node{i}.pid"
+            try:
+                if pid_file.stat().st_mtime >= self._started_at - 1:
+                    pids[i] = int(pid_file.read_text())
+            except (FileNotFoundError, ValueError):
+                continue
+        return pids
+
     def stop(self) -> None:
         """Stops the nodes (cancels their Spark jobs) and the coordinator; idempotent.
 
@@ -136,12 +164,21 @@ class HostedCluster:
             job.join(_EXIT_TIMEOUT_S)
         left = wait_for_exit(list(self.node_pids().values()), self._jobs, _EXIT_TIMEOUT_S)
         if left:
-            log.warning("quorumstore node processes %s were still running %.0f s after stop", left, _EXIT_TIMEOUT_S)
+            log.warning(
+                "quorumstore node processes %s were still running %.0f s after stop",
+                left,
+                _EXIT_TIMEOUT_S,
+            )
 
-    def __enter__(self) -> HostedCluster:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -168,7 +205,9 @@ class HostedCluster:
             for job in self._jobs:
                 state = job.state()
                 if state.last_failure is not None:
-                    raise ClusterStartError(f"the storage node job {state.group} failed while starting: {state.last_failure}")
+                    raise ClusterStartError(
+                        f"the storage node job {state.group} failed while starting: {state.last_failure}"
+                    )
             if spark_stopped(self._sc):
                 raise ClusterStartError("the SparkContext stopped while the cluster was starting")
             time.sleep(0.1)
@@ -177,22 +216,6 @@ class HostedCluster:
             f"(spark.quorumstore.startTimeout); the node tasks' logs are in the executors' stderr.\n"
             f"{self.status()}"
         )
-
-    def node_pids(self) -> dict[int, int]:
-        """Node index -> pid of the Python worker running it, as its task last wrote it.
-
-        Read from ``data_dir/node<i>.pid``, so only meaningful on the executors' machine
-        (local and local-cluster masters); pid files older than this cluster are ignored.
-        """
-        pids = {}
-        for i in range(self.config.nodes):
-            pid_file = Path(self.config.data_dir) / f"node{i}.pid"
-            try:
-                if pid_file.stat().st_mtime >= self._started_at - 1:
-                    pids[i] = int(pid_file.read_text())
-            except (FileNotFoundError, ValueError):
-                continue
-        return pids
 
 
 def start(
@@ -304,4 +327,3 @@ def _serving(server: CoordinatorServer) -> bool:
     assert server.engine is not None
     online = all(m.state is ShardState.ONLINE for m in server.engine.metadata.shards.values())
     return online and all(server.cluster_status().nodes_alive.values())
-

@@ -22,10 +22,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from pyspark import SparkContext
 
@@ -60,7 +60,15 @@ class NodeJobState:
 class NodeJob(threading.Thread):
     """Runs one node job and resubmits it after every failure until `cancel()`."""
 
-    def __init__(self, sc: SparkContext, group: str, description: str, nodes: list[int], barrier: bool, body: Any):
+    def __init__(
+        self,
+        sc: SparkContext,
+        group: str,
+        description: str,
+        nodes: list[int],
+        barrier: bool,
+        body: Callable[[Iterable[int]], Iterator[str]],
+    ):
         super().__init__(name=f"quorumstore-{group}", daemon=True)
         self._sc = sc
         self.group = group
@@ -88,7 +96,12 @@ class NodeJob(threading.Thread):
                 return
             with self._lock:
                 self._failures.append(failure)
-            log.warning("quorumstore node job %s failed, resubmitting in %.1f s: %s", self.group, RESUBMIT_DELAY_S, failure)
+            log.warning(
+                "quorumstore node job %s failed, resubmitting in %.1f s: %s",
+                self.group,
+                RESUBMIT_DELAY_S,
+                failure,
+            )
             self._stopping.wait(RESUBMIT_DELAY_S)
 
     def cancel(self) -> None:
@@ -139,7 +152,16 @@ def submit_node_jobs(sc: SparkContext, config: HostingConfig, cluster_id: str) -
     body = functools.partial(node_task.serve_partition, spec)
     if barrier:
         nodes = list(range(config.nodes))
-        jobs = [NodeJob(sc, f"{cluster_id}-nodes", f"quorumstore storage nodes 0-{config.nodes - 1} (barrier)", nodes, True, body)]
+        jobs = [
+            NodeJob(
+                sc,
+                f"{cluster_id}-nodes",
+                f"quorumstore storage nodes 0-{config.nodes - 1} (barrier)",
+                nodes,
+                True,
+                body,
+            )
+        ]
     else:
         jobs = [
             NodeJob(sc, f"{cluster_id}-node{i}", f"quorumstore storage node {i}", [i], False, body)

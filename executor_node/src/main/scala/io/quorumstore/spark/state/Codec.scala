@@ -16,7 +16,6 @@ final class ByteWriter(initial: Int = 256) extends ByteArrayOutputStream(initial
   def bytes(b: Array[Byte]): this.type = { varLong(b.length); write(b, 0, b.length); this }
   def string(s: String): this.type = bytes(s.getBytes(UTF_8))
   def byte(b: Int): this.type = { write(b); this }
-  def size0: Int = count
 }
 
 final class ByteReader(buf: Array[Byte]) {
@@ -110,7 +109,7 @@ object Codec {
 
     private def entry(): Unit = {
       entryCount += 1
-      if (out.size0 >= chunkBytes) {
+      if (out.size() >= chunkBytes) {
         done += out.toByteArray
         out = newChunk()
         families = mutable.HashMap.empty
@@ -139,7 +138,7 @@ object Codec {
 
     /** The chunks (a trailing empty one dropped); no more entries afterwards. */
     def finish(): Seq[Array[Byte]] = {
-      if (out.size0 > 1) done += out.toByteArray
+      if (out.size() > 1) done += out.toByteArray
       done.toSeq
     }
   }

@@ -255,7 +255,7 @@ final class QuorumStateStore(
 
   override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
     StateStoreCheckpointInfo(id.partitionId, version + 1, committedUid,
-      if (version == 0) None else Some(baseUid))
+      Some(baseUid).filter(_.nonEmpty))
 
   override def toString: String =
     s"QuorumStateStore[${provider.partitionKey}, version=$version, $phase]"
