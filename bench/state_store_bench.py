@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or not
 
-from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS, spark_confs  # noqa: E402
+from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS, spark_confs
 
 PROVIDERS = {"rocksdb": ROCKSDB_PROVIDER_CLASS, "quorumstore": PROVIDER_CLASS}
 MAINTENANCE_INTERVAL = "5s"
@@ -202,8 +202,9 @@ def start_cluster(data_dir: Path, fsync: bool) -> tuple[subprocess.Popen[bytes],
     if not fsync:
         argv.append("--no-fsync")
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
-    log = open(data_dir.parent / "cluster.log", "wb")
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with open(data_dir.parent / "cluster.log", "wb") as log:  # the child keeps its own handle
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if process.poll() is not None:

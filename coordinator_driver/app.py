@@ -1,6 +1,7 @@
 """spark-submit application: a quorumstore cluster on this application's executors.
 
-    PYSPARK_PYTHON="$(command -v python)" SPARK_CONF_DIR=conf spark-submit coordinator_driver/app.py
+    PYSPARK_PYTHON="$(python -c 'import sys; print(sys.executable)')" SPARK_CONF_DIR=conf \
+      spark-submit coordinator_driver/app.py
 
 Settings come from conf/quorumstore.conf, overridden by ``--conf spark.quorumstore.*``
 (see python/quorumstore/spark/config.py for the keys). The coordinator runs in this
@@ -47,10 +48,8 @@ def main() -> int:
 
     spark = SparkSession.builder.getOrCreate()
     stop = threading.Event()
-    for sig in (
-        signal.SIGTERM,
-        signal.SIGINT,
-    ):  # after the session: PySpark installs a SIGINT handler
+    # Installed after the session is created, because PySpark installs a SIGINT handler.
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         # The session's settings (spark-submit --conf, spark-defaults.conf) win over the file.
@@ -58,7 +57,7 @@ def main() -> int:
         cluster = quorumstore.spark.start(
             spark, **dataclasses.asdict(HostingConfig.resolve(settings))
         )
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:
         print(f"quorumstore: error: {e}", file=sys.stderr, flush=True)
         spark.stop()
         return 2
@@ -71,13 +70,16 @@ def main() -> int:
         "Serving until SIGTERM (or Ctrl-C).",
         flush=True,
     )
-    while not stop.wait(POLL_S):
-        if spark_stopped(spark.sparkContext):
-            _silence_output()  # the JVM that relays our output has exited
-            break
+    while not stop.wait(POLL_S) and not spark_stopped(spark.sparkContext):
+        pass
+    if spark_stopped(spark.sparkContext):
+        _silence_output()  # the JVM that relays our output has exited or is exiting
     cluster.stop()
     spark.stop()
-    print("quorumstore stopped", flush=True)
+    try:
+        print("quorumstore stopped", flush=True)
+    except BrokenPipeError:  # Ctrl-C: the JVM got SIGINT too and exited meanwhile
+        _silence_output()
     return 0
 
 

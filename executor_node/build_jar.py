@@ -42,7 +42,9 @@ def pyspark_jars() -> Path:
         raise SystemExit("pyspark is not installed: pip install 'quorumstore[spark]'") from e
     jars = Path(pyspark.__file__).resolve().parent / "jars"
     if not any(jars.glob("scala-compiler_*.jar")) and not any(jars.glob("scala-compiler-*.jar")):
-        raise SystemExit(f"no scala-compiler jar in {jars}: this pyspark wheel cannot compile Scala")
+        raise SystemExit(
+            f"no scala-compiler jar in {jars}: this pyspark wheel cannot compile Scala"
+        )
     return jars
 
 
@@ -74,8 +76,19 @@ def compile_scala(sources: list[Path], jars: Path, out: Path) -> None:
     java = shutil.which("java")
     if java is None:
         raise SystemExit("no `java` on PATH: a JDK 17+ is needed to compile the provider")
-    cmd = [java, "-Xss8m", "-cp", f"{jars}{os.sep}*", "scala.tools.nsc.Main", "-usejavacp",
-           "-deprecation", "-feature", "-d", str(out), *map(str, sources)]
+    cmd = [
+        java,
+        "-Xss8m",
+        "-cp",
+        f"{jars}{os.sep}*",
+        "scala.tools.nsc.Main",
+        "-usejavacp",
+        "-deprecation",
+        "-feature",
+        "-d",
+        str(out),
+        *map(str, sources),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         sys.stderr.write(result.stdout + result.stderr)
@@ -86,8 +99,15 @@ def compile_scala(sources: list[Path], jars: Path, out: Path) -> None:
 
 def write_descriptor_set(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "grpc_tools.protoc", f"--proto_path={PROTO.parent}",
-           f"--descriptor_set_out={target}", "--include_imports", PROTO.name]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"--proto_path={PROTO.parent}",
+        f"--descriptor_set_out={target}",
+        "--include_imports",
+        PROTO.name,
+    ]
     result = subprocess.run(cmd, cwd=PROTO.parent, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         sys.stderr.write(result.stdout + result.stderr)
@@ -99,7 +119,9 @@ def write_jar(classes: Path, digest: str) -> None:
     JAR.parent.mkdir(parents=True, exist_ok=True)
     partial = JAR.with_suffix(".jar.partial")
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
-        jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\nCreated-By: build_jar.py\r\n\r\n")
+        jar.writestr(
+            "META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\nCreated-By: build_jar.py\r\n\r\n"
+        )
         for path in sorted(classes.rglob("*")):
             if path.is_file():
                 jar.write(path, path.relative_to(classes).as_posix())

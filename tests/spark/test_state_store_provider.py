@@ -30,8 +30,8 @@ import xxhash
 from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS, spark_confs
 
 pyspark = pytest.importorskip("pyspark")
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -53,7 +53,9 @@ QUERY_TIMEOUT_S = 180
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"), nodes=3, shards=4, replication_factor=3, fsync=False)
+    c = LocalCluster(
+        tmp_path_factory.mktemp("cluster"), nodes=3, shards=4, replication_factor=3, fsync=False
+    )
     try:
         c.start()
         yield c
@@ -88,9 +90,35 @@ def spark(cluster: LocalCluster) -> Iterator[SparkSession]:
 def test_xxh3_matches_python_xxhash(spark: SparkSession) -> None:
     """The JVM's XXH3-64 (shard routing) equals xxhash.xxh3_64 for every length class."""
     xxh3 = spark._jvm.io.quorumstore.spark.state.Xxh3
-    for length in [0, 1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 64, 100, 128, 129, 200, 240, 241, 1023, 1024, 1025, 4097]:
+    for length in [
+        0,
+        1,
+        2,
+        3,
+        4,
+        7,
+        8,
+        9,
+        15,
+        16,
+        17,
+        31,
+        64,
+        100,
+        128,
+        129,
+        200,
+        240,
+        241,
+        1023,
+        1024,
+        1025,
+        4097,
+    ]:
         data = bytes((i * 131 + length) % 256 for i in range(length))
-        assert xxh3.hash64(bytearray(data)) & 0xFFFFFFFFFFFFFFFF == xxhash.xxh3_64_intdigest(data), length
+        assert xxh3.hash64(bytearray(data)) & 0xFFFFFFFFFFFFFFFF == xxhash.xxh3_64_intdigest(
+            data
+        ), length
     key = "statestore/8d1c2e9a-0000-4000-8000-000000000000/0/1/default"
     assert xxh3.hash64(key) & 0xFFFFFFFFFFFFFFFF == xxhash.xxh3_64_intdigest(key.encode())
 
@@ -109,7 +137,10 @@ class Jvm:
         self.none = getattr(self.jvm.scala.__getattr__("None$"), "MODULE$")
         self.root = root
         stream_execution = getattr(
-            self.jvm.org.apache.spark.sql.execution.streaming.runtime.__getattr__("StreamExecution$"), "MODULE$"
+            self.jvm.org.apache.spark.sql.execution.streaming.runtime.__getattr__(
+                "StreamExecution$"
+            ),
+            "MODULE$",
         )
         self.run_id_key = stream_execution.RUN_ID_KEY()
 
@@ -120,15 +151,25 @@ class Jvm:
         return self.jvm.org.apache.spark.sql.types.StructType.fromDDL(ddl)
 
     def row(self, *values: object) -> object:
-        writer = self.jvm.org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter(len(values))
+        writer = self.jvm.org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter(
+            len(values)
+        )
         writer.resetRowWriter()
         for i, v in enumerate(values):
-            writer.write(i, self.jvm.org.apache.spark.unsafe.types.UTF8String.fromString(v) if isinstance(v, str) else v)
+            writer.write(
+                i,
+                self.jvm.org.apache.spark.unsafe.types.UTF8String.fromString(v)
+                if isinstance(v, str)
+                else v,
+            )
         return writer.getRow().copy()
 
     def rows(self, iterator: object, key_types: str = "si", value_types: str = "i") -> list[tuple]:
         def decode(row: object, types: str) -> tuple:
-            return tuple(row.getUTF8String(i).toString() if t == "s" else row.getInt(i) for i, t in enumerate(types))
+            return tuple(
+                row.getUTF8String(i).toString() if t == "s" else row.getInt(i)
+                for i, t in enumerate(types)
+            )
 
         out = []
         while iterator.hasNext():
@@ -156,7 +197,9 @@ class Jvm:
         sql_conf = self.jvm.org.apache.spark.sql.internal.SQLConf()
         for key, value in (sql_confs or {}).items():
             sql_conf.setConfString(key, value)
-        hadoop_conf = self.jvm.org.apache.hadoop.conf.Configuration(self.spark._jsc.hadoopConfiguration())
+        hadoop_conf = self.jvm.org.apache.hadoop.conf.Configuration(
+            self.spark._jsc.hadoopConfiguration()
+        )
         hadoop_conf.set(self.run_id_key, str(uuid.uuid4()))
         for key, value in (quorum_confs or {}).items():
             hadoop_conf.set(key, value)
@@ -191,7 +234,9 @@ def jvm(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Jvm:
     return Jvm(spark, tmp_path_factory.mktemp("providers"))
 
 
-def _each_provider(jvm: Jvm, name: str, scenario: Callable[[str, str], object]) -> dict[str, object]:
+def _each_provider(
+    jvm: Jvm, name: str, scenario: Callable[[str, str], object]
+) -> dict[str, object]:
     return {short: scenario(cls, f"{name}-{short}") for short, cls in PROVIDERS.items()}
 
 
@@ -201,7 +246,14 @@ def test_get_put_remove_iterate_and_prefix_scan_like_rocksdb(jvm: Jvm) -> None:
     def scenario(cls: str, name: str) -> object:
         spec = jvm.state.PrefixKeyScanStateEncoderSpec(jvm.schema("k string, n int"), 1)
         store = jvm.store(jvm.provider(cls, name, spec), 0)
-        for k, n, v in [("a", 1, 10), ("a", 2, 20), ("b", -1, 30), ("a", -5, 5), ("b", 7, 1), ("c", 0, 0)]:
+        for k, n, v in [
+            ("a", 1, 10),
+            ("a", 2, 20),
+            ("b", -1, 30),
+            ("a", -5, 5),
+            ("b", 7, 1),
+            ("c", 0, 0),
+        ]:
             store.put(jvm.row(k, n), jvm.row(v), "default")
         store.remove(jvm.row("b", 7), "default")
         store.remove(jvm.row("zz", 0), "default")
@@ -231,9 +283,15 @@ def test_column_families_multiple_values_and_range_scan_like_rocksdb(jvm: Jvm) -
         range_spec = jvm.state.RangeKeyScanStateEncoderSpec(key_schema, jvm.int_seq([1]))
 
         def families(store: object) -> None:
-            store.createColFamilyIfAbsent("ranged", key_schema, jvm.schema("v int"), range_spec, False, False)
-            store.createColFamilyIfAbsent("lists", key_schema, jvm.schema("v int"), default_spec, True, False)
-            store.createColFamilyIfAbsent("doomed", key_schema, jvm.schema("v int"), default_spec, False, False)
+            store.createColFamilyIfAbsent(
+                "ranged", key_schema, jvm.schema("v int"), range_spec, False, False
+            )
+            store.createColFamilyIfAbsent(
+                "lists", key_schema, jvm.schema("v int"), default_spec, True, False
+            )
+            store.createColFamilyIfAbsent(
+                "doomed", key_schema, jvm.schema("v int"), default_spec, False, False
+            )
 
         store = jvm.store(jvm.provider(cls, name, default_spec, column_families=True), 0)
         families(store)
@@ -241,7 +299,9 @@ def test_column_families_multiple_values_and_range_scan_like_rocksdb(jvm: Jvm) -
             store.put(jvm.row(k, n), jvm.row(n * 2), "ranged")
         store.merge(jvm.row("l", 1), jvm.row(1), "lists")
         store.merge(jvm.row("l", 1), jvm.row(2), "lists")
-        values = jvm.gateway.new_array(jvm.jvm.org.apache.spark.sql.catalyst.expressions.UnsafeRow, 2)
+        values = jvm.gateway.new_array(
+            jvm.jvm.org.apache.spark.sql.catalyst.expressions.UnsafeRow, 2
+        )
         values[0], values[1] = jvm.row(7), jvm.row(8)
         store.putList(jvm.row("m", 1), values, "lists")
         store.put(jvm.row("d", 1), jvm.row(1), "doomed")
@@ -251,7 +311,9 @@ def test_column_families_multiple_values_and_range_scan_like_rocksdb(jvm: Jvm) -
         store = jvm.store(jvm.provider(cls, name, default_spec, column_families=True), 1)
         families(store)
         ordered = jvm.rows(store.iterator("ranged"))
-        window = jvm.rows(store.rangeScan(jvm.some(jvm.row("", -3)), jvm.some(jvm.row("", 6)), "ranged"))
+        window = jvm.rows(
+            store.rangeScan(jvm.some(jvm.row("", -3)), jvm.some(jvm.row("", 6)), "ranged")
+        )
         merged = jvm.values(store.valuesIterator(jvm.row("l", 1), "lists"))
         listed = jvm.values(store.valuesIterator(jvm.row("m", 1), "lists"))
         store.merge(jvm.row("m", 1), jvm.row(9), "lists")
@@ -353,25 +415,31 @@ def test_unreachable_cluster_fails_with_a_clear_error(jvm: Jvm) -> None:
     confs = {"spark.quorumstore.address": dead, "spark.quorumstore.timeoutMs": "1500"}
     provider = jvm.provider(PROVIDER_CLASS, "unreachable", spec, quorum_confs=confs)
     started = time.monotonic()
-    with pytest.raises(Exception, match=f"quorumstore cluster at {dead}.*spark.quorumstore.address"):
+    with pytest.raises(
+        Exception, match=f"quorumstore cluster at {dead}.*spark.quorumstore.address"
+    ):
         jvm.store(provider, 0)
     assert time.monotonic() - started < 15
 
 
-# ------------------------------------------------------------------ operators: RocksDB vs quorumstore
+# ------------------------------------------------------- operators: RocksDB vs quorumstore
 
 
 BASE_TIME = 1_700_000_000
 
 
 def _event(k: str, v: int, second: int) -> dict:
-    return {"k": k, "v": v, "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(BASE_TIME + second))}
+    return {
+        "k": k,
+        "v": v,
+        "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(BASE_TIME + second)),
+    }
 
 
-def _write_batches(directory: Path, batches: list[list[dict]]) -> None:
+def _write_batches(directory: Path, batches: list[list[dict]], first_index: int = 0) -> None:
     """One JSON file per batch, with increasing modification times (the file source's order)."""
     directory.mkdir(parents=True, exist_ok=True)
-    for i, rows in enumerate(batches):
+    for i, rows in enumerate(batches, start=first_index):
         path = directory / f"part-{i:04d}.json"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         os.utime(path, (BASE_TIME + i, BASE_TIME + i))
@@ -386,7 +454,9 @@ def _as_text(value: object) -> object:
 class Run:
     """One streaming query over file inputs, its micro-batch outputs collected in order."""
 
-    def __init__(self, spark: SparkSession, root: Path, provider: str, confs: dict[str, str] | None = None):
+    def __init__(
+        self, spark: SparkSession, root: Path, provider: str, confs: dict[str, str] | None = None
+    ):
         self.spark = spark
         self.root = root
         self.provider = provider
@@ -404,14 +474,9 @@ class Run:
             .json(str(directory))
         )
 
-    def add_batches(self, name: str, batches: list[list[dict]], first_index: int) -> None:
-        directory = self.root / "in" / name
-        for i, rows in enumerate(batches, start=first_index):
-            path = directory / f"part-{i:04d}.json"
-            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            os.utime(path, (BASE_TIME + i, BASE_TIME + i))
-
-    def run(self, result: DataFrame, mode: str, on_batch: Callable[[int], None] | None = None) -> Run:
+    def run(
+        self, result: DataFrame, mode: str, on_batch: Callable[[int], None] | None = None
+    ) -> Run:
         self.spark.conf.set(PROVIDER_CONF, self.provider)
         for key, value in self.confs.items():
             self.spark.conf.set(key, value)
@@ -429,11 +494,12 @@ class Run:
             .start()
         )
         try:
-            assert query.awaitTermination(QUERY_TIMEOUT_S), f"query did not finish in {QUERY_TIMEOUT_S} s"
+            assert query.awaitTermination(QUERY_TIMEOUT_S), (
+                f"query did not finish in {QUERY_TIMEOUT_S} s"
+            )
             if query.exception() is not None:
                 raise AssertionError(f"query failed: {query.exception()}")
             self.progress.extend(query.recentProgress)
-            self.query_id = query.id
         finally:
             query.stop()
             for key in self.confs:
@@ -458,7 +524,9 @@ def _compare(
     return runs
 
 
-def _keys_batches(batches: int = 3, per_batch: int = 30, keys: int = 7, step_s: int = 4) -> list[list[dict]]:
+def _keys_batches(
+    batches: int = 3, per_batch: int = 30, keys: int = 7, step_s: int = 4
+) -> list[list[dict]]:
     """Events of `keys` keys, event time advancing `step_s` per batch, some late events."""
     out = []
     for b in range(batches):
@@ -479,17 +547,28 @@ def test_streaming_aggregation_update_mode(spark: SparkSession, tmp_path: Path) 
 
     runs = _compare(spark, tmp_path, build, "update")
     metrics = runs["quorumstore"].progress[-1]["stateOperators"][0]["customMetrics"]
-    assert {"quorumstoreCommitLatencyMs", "quorumstoreCommitKeys", "quorumstoreCommitBytes", "quorumstoreLoadTimeMs"} <= set(metrics)
+    assert {
+        "quorumstoreCommitLatencyMs",
+        "quorumstoreCommitKeys",
+        "quorumstoreCommitBytes",
+        "quorumstoreLoadTimeMs",
+    } <= set(metrics)
 
 
 def test_streaming_aggregation_complete_mode(spark: SparkSession, tmp_path: Path) -> None:
     def build(run: Run) -> DataFrame:
-        return run.source("events", _keys_batches()).groupBy("k").agg(F.count("*").alias("n"), F.max("v"))
+        return (
+            run.source("events", _keys_batches())
+            .groupBy("k")
+            .agg(F.count("*").alias("n"), F.max("v"))
+        )
 
     _compare(spark, tmp_path, build, "complete")
 
 
-def test_streaming_aggregation_with_checkpoint_format_v2(spark: SparkSession, tmp_path: Path) -> None:
+def test_streaming_aggregation_with_checkpoint_format_v2(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     def build(run: Run) -> DataFrame:
         return run.source("events", _keys_batches()).groupBy("k").agg(F.sum("v").alias("total"))
 
@@ -528,12 +607,21 @@ def test_drop_duplicates_within_watermark(spark: SparkSession, tmp_path: Path) -
 def test_stream_stream_join(spark: SparkSession, tmp_path: Path) -> None:
     def build(run: Run) -> DataFrame:
         left = run.source("left", _keys_batches(keys=5)).withWatermark("ts", "5 seconds")
-        right = run.source("right", _keys_batches(keys=6, per_batch=12)).withWatermark("ts", "5 seconds")
-        return left.alias("l").join(
-            right.alias("r"),
-            F.expr("l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 2 SECONDS AND l.ts + INTERVAL 2 SECONDS"),
-            "leftOuter",
-        ).select("l.k", "l.v", "l.ts", "r.v", "r.ts")
+        right = run.source("right", _keys_batches(keys=6, per_batch=12)).withWatermark(
+            "ts", "5 seconds"
+        )
+        return (
+            left.alias("l")
+            .join(
+                right.alias("r"),
+                F.expr(
+                    "l.k = r.k AND r.ts BETWEEN l.ts - INTERVAL 2 SECONDS"
+                    " AND l.ts + INTERVAL 2 SECONDS"
+                ),
+                "leftOuter",
+            )
+            .select("l.k", "l.v", "l.ts", "r.v", "r.ts")
+        )
 
     _compare(spark, tmp_path, build, "append")
 
@@ -552,8 +640,12 @@ def test_apply_in_pandas_with_state(spark: SparkSession, tmp_path: Path) -> None
         yield pd.DataFrame({"k": [key[0]], "seen": [seen]})
 
     def build(run: Run) -> DataFrame:
-        return run.source("events", _keys_batches()).groupBy("k").applyInPandasWithState(
-            count_per_key, "k string, seen long", "seen long", "update", "NoTimeout"
+        return (
+            run.source("events", _keys_batches())
+            .groupBy("k")
+            .applyInPandasWithState(
+                count_per_key, "k string, seen long", "seen long", "update", "NoTimeout"
+            )
         )
 
     _compare(spark, tmp_path, build, "update")
@@ -564,30 +656,42 @@ def test_restart_from_checkpoint_continues(spark: SparkSession, tmp_path: Path) 
     batches = _keys_batches(batches=4)
 
     def build(run: Run) -> DataFrame:
-        return run.source("events").groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        return (
+            run.source("events")
+            .groupBy("k")
+            .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        )
 
     outputs = {}
     for short, cls in PROVIDERS.items():
         run = Run(spark, tmp_path / short, cls)
         _write_batches(run.root / "in" / "events", batches[:2])
         run.run(build(run), "update")
-        run.add_batches("events", batches[2:], first_index=2)
+        _write_batches(run.root / "in" / "events", batches[2:], first_index=2)
         restarted = Run(spark, run.root, cls)
         restarted.run(build(restarted), "update")
         outputs[short] = run.outputs + restarted.outputs
         if short == "quorumstore":
-            loads = restarted.progress[0]["stateOperators"][0]["customMetrics"]["quorumstoreStoreLoads"]
+            loads = restarted.progress[0]["stateOperators"][0]["customMetrics"][
+                "quorumstoreStoreLoads"
+            ]
             assert loads >= 1, "the restarted run should have loaded its state from quorumstore"
     assert [b for b, _ in outputs["quorumstore"]] == list(range(4))
     assert outputs["quorumstore"] == outputs["rocksdb"]
 
 
-def test_leader_kill_during_query_keeps_results(spark: SparkSession, tmp_path: Path, cluster: LocalCluster) -> None:
+def test_leader_kill_during_query_keeps_results(
+    spark: SparkSession, tmp_path: Path, cluster: LocalCluster
+) -> None:
     """kill -9 of the leader holding the query's state, between two micro-batches' commits."""
     batches = _keys_batches(batches=4)
 
     def build(run: Run) -> DataFrame:
-        return run.source("events", batches).groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        return (
+            run.source("events", batches)
+            .groupBy("k")
+            .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        )
 
     reference = Run(spark, tmp_path / "rocksdb", ROCKSDB_PROVIDER_CLASS)
     reference.run(build(reference), "update")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import pyarrow as pa
 import pytest
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
@@ -15,9 +14,9 @@ from quorumstore.storage.change_log import (
     changes_kept_after,
     read_changes,
 )
-from quorumstore.storage.keys import INTERNAL_PREFIX, compare_keys
+from quorumstore.storage.keys import INTERNAL_PREFIX, compare_keys, encode_key
 from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
-from quorumstore.storage.state_machine import SCAN_SCHEMA, ShardStateMachine
+from quorumstore.storage.state_machine import ShardStateMachine, decode_record
 from quorumstore.storage.write_batch import ClientSerial, Op, WriteBatchBuilder
 
 T0 = 1_700_000_000_000
@@ -232,9 +231,7 @@ def test_retention_expires_old_records_by_entry_time_deterministically() -> None
 
 
 def test_an_unknown_record_format_is_an_error() -> None:
-    rows = change_log.entry_changes(
-        pa.RecordBatch.from_pylist([], schema=SCAN_SCHEMA), {b"\x01k": None}, {}, []
-    )
+    rows = change_log.entry_changes({encode_key("k"): None}, {}, [], decode_record)
     assert rows is not None
     data = bytearray(change_log.encode(T0, rows))
     data[8] = 99

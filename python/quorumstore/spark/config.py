@@ -1,9 +1,8 @@
 """Settings of a Spark-hosted cluster: `start()` arguments over `spark.quorumstore.*` over defaults.
 
 One resolver serves both entry points, the PySpark call (`quorumstore.spark.start`) and
-the spark-submit application (`coordinator_driver/app.py`, which loads
-`conf/quorumstore.conf` into the session's configuration first), so they agree on names,
-defaults and validation. Values arrive as strings, as Spark settings do, and are checked
+the spark-submit application (`coordinator_driver/app.py`, which lays the session's
+settings over `conf/quorumstore.conf`), so they agree on names, defaults and validation. Values arrive as strings, as Spark settings do, and are checked
 before anything starts: a bad value fails with the key's name, not deep in a task.
 
 Keys (all under ``spark.quorumstore.``): ``nodes``, ``shards``, ``replicationFactor``,
@@ -30,10 +29,6 @@ PREFIX = "spark.quorumstore."
 PLACEMENTS = ("barrier", "independent")
 
 
-def _integer(value: str) -> int:
-    return int(value)
-
-
 def _seconds(value: str) -> float:
     return float(value.removesuffix("s"))
 
@@ -47,12 +42,12 @@ def _boolean(value: str) -> bool:
 
 #: field name -> (key after PREFIX, parser of the string form).
 _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "nodes": ("nodes", _integer),
-    "shards": ("shards", _integer),
-    "replication_factor": ("replicationFactor", _integer),
+    "nodes": ("nodes", int),
+    "shards": ("shards", int),
+    "replication_factor": ("replicationFactor", int),
     "placement": ("placement", str.strip),
     "host": ("host", str.strip),
-    "base_port": ("basePort", _integer),
+    "base_port": ("basePort", int),
     "data_dir": ("dataDir", Path),
     "metadata_url": ("metadataUrl", str.strip),
     "wal_sync": ("walSync", _boolean),

@@ -118,8 +118,13 @@ def register(
         defaults["namespace"] = namespace
     source: type[QuorumstoreDataSource] = QuorumstoreDataSource
     if defaults:
-        # A subclass made here is pickled by value, defaults included, for Spark's workers.
-        source = type("QuorumstoreDataSource", (QuorumstoreDataSource,), {"defaults": defaults})
+        # A class made here is not importable by name, so Spark's workers get it pickled
+        # by value, defaults included.
+        source = type(
+            "RegisteredQuorumstoreDataSource",
+            (QuorumstoreDataSource,),
+            {"defaults": defaults, "__module__": __name__},
+        )
     spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
     spark.dataSource.register(source)
     return source

@@ -18,9 +18,7 @@ from pathlib import Path
 #: The StateStoreProvider implemented by the jar.
 PROVIDER_CLASS = "io.quorumstore.spark.state.QuorumStateStoreProvider"
 #: Spark's own RocksDB provider, the reference the quorumstore provider is tested against.
-ROCKSDB_PROVIDER_CLASS = (
-    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-)
+ROCKSDB_PROVIDER_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 _BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "executor_node" / "build_jar.py"
 

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from quorumstore.storage.keys import INTERNAL_PREFIX, USER_KEYS_END, decode_key
 from quorumstore.storage.kv import KvReader
@@ -95,69 +95,75 @@ def _offset_of(key: bytes) -> int:
     return _OFFSET.unpack_from(key, len(_PREFIX))[0]
 
 
+#: Built once: pa.array() is several times slower with a type fetched from the schema each call.
+_COLUMN_TYPES = [field.type for field in CHANGES_SCHEMA]
+
+
+class _Version(Protocol):
+    """What the change log reads of a stored record (state_machine.Record)."""
+
+    value: bytes
+    version_id: int
+    modifications_count: int
+    created_ms: int
+    modified_ms: int
+
+
 def entry_changes(
-    written: pa.RecordBatch,
     changes: Mapping[bytes, bytes | None],
     stored: Mapping[bytes, bytes | None],
     ranges: Sequence[tuple[bytes, bytes]],
+    decode_record: Callable[[bytes], _Version],
 ) -> pa.RecordBatch | None:
     """The CHANGES_SCHEMA batch of what one entry did; None if it changed nothing.
 
     The arguments are the state machine's view of the entry once its ops ran:
-    `written`, the records it put (SCAN_SCHEMA rows, one per key, final state);
     `changes`, encoded key -> new record or None (deleted); `stored`, the records the
     point ops found before the entry (None: absent); `ranges`, the encoded ranges it
-    deleted. The rows are the deleted ranges, then the deleted keys that existed
-    before, then the written keys: applying them in order reproduces the entry's
-    effect, as the KV's own atomic write does (ranges, deletes, puts).
+    deleted; and how to decode a record. The rows are the deleted ranges, then the
+    deleted keys that existed before, then the written keys: applying them in order
+    reproduces the entry's effect, as the KV's own atomic write does (ranges, deletes,
+    puts). Built from plain lists: entries are mostly small, where Arrow kernels would
+    cost more than the loop.
     """
-    range_keys = [decode_key(start) for start, _ in ranges]
-    range_ends = ["" if end == USER_KEYS_END else decode_key(end) for _, end in ranges]
+    keys = [decode_key(start) for start, _ in ranges]
+    ends: list[str | None] = ["" if end == USER_KEYS_END else decode_key(end) for _, end in ranges]
+    ops = [Op.DELETE_RANGE.value] * len(ranges)
+    events = [ChangeEvent.KEY_RANGE_DELETED.value] * len(ranges)
     # A key deleted without having existed before the entry (put, then deleted by a
     # later op of the same entry) changed nothing. Keys the point ops did not read
     # (a closed session's ephemeral records) existed.
-    deleted = [
-        decode_key(k) for k, v in changes.items() if v is None and stored.get(k, b"") is not None
+    for key, record in changes.items():
+        if record is None and stored.get(key, b"") is not None:
+            keys.append(decode_key(key))
+            ends.append(None)
+            ops.append(Op.DELETE.value)
+            events.append(ChangeEvent.KEY_DELETED.value)
+    removed = len(keys)
+    written = [
+        (key, decode_record(record)) for key, record in changes.items() if record is not None
     ]
-    n_ranges, n_deleted, n_written = len(range_keys), len(deleted), written.num_rows
-    if n_ranges + n_deleted + n_written == 0:
+    if removed + len(written) == 0:
         return None
-    n_removed = n_ranges + n_deleted
-
-    def int8s(counts: Sequence[tuple[int, int]]) -> pa.Array:
-        return pa.concat_arrays([pa.repeat(pa.scalar(v, pa.int8()), n) for v, n in counts])
-
-    created = pc.equal(written.column("modifications_count"), 0)
-    put_events = pc.if_else(
-        created,
-        pa.scalar(ChangeEvent.KEY_CREATED.value, pa.int8()),
-        pa.scalar(ChangeEvent.KEY_MODIFIED.value, pa.int8()),
-    )
+    keys += [decode_key(key) for key, _ in written]
+    ends += [None] * len(written)
+    ops += [Op.PUT.value] * len(written)
+    created, modified = ChangeEvent.KEY_CREATED.value, ChangeEvent.KEY_MODIFIED.value
+    events += [created if r.modifications_count == 0 else modified for _, r in written]
+    none: list[None] = [None] * removed
+    columns = [
+        keys,
+        ops,
+        none + [r.value for _, r in written],
+        none + [r.version_id for _, r in written],
+        none + [r.modifications_count for _, r in written],
+        none + [r.created_ms for _, r in written],
+        none + [r.modified_ms for _, r in written],
+        ends,
+        events,
+    ]
     return pa.RecordBatch.from_arrays(
-        [
-            pa.concat_arrays([pa.array(range_keys + deleted, pa.string()), written.column("key")]),
-            int8s([(Op.DELETE_RANGE, n_ranges), (Op.DELETE, n_deleted), (Op.PUT, n_written)]),
-            pa.concat_arrays([pa.nulls(n_removed, pa.binary()), written.column("value")]),
-            *(
-                pa.concat_arrays([pa.nulls(n_removed, pa.int64()), written.column(name)])
-                for name in ("version_id", "modifications_count", "created_ms", "modified_ms")
-            ),
-            pa.concat_arrays(
-                [pa.array(range_ends, pa.string()), pa.nulls(n_deleted + n_written, pa.string())]
-            ),
-            pa.concat_arrays(
-                [
-                    int8s(
-                        [
-                            (ChangeEvent.KEY_RANGE_DELETED, n_ranges),
-                            (ChangeEvent.KEY_DELETED, n_deleted),
-                        ]
-                    ),
-                    put_events,
-                ]
-            ),
-        ],
-        schema=CHANGES_SCHEMA,
+        [pa.array(c, t) for c, t in zip(columns, _COLUMN_TYPES, strict=True)], schema=CHANGES_SCHEMA
     )
 
 

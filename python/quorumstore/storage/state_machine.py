@@ -684,10 +684,7 @@ class ShardStateMachine(ShardReader):
             )
             puts.extend(serial_puts)
             deletes.extend(serial_deletes)
-        written = [(k, v) for k, v in changes.items() if v is not None]
-        change_batch = change_log.entry_changes(
-            _records_batch([k for k, _ in written], [v for _, v in written]), changes, stored, ranges
-        )
+        change_batch = change_log.entry_changes(changes, stored, ranges, decode_record)
         change_puts, change_deletes = change_log.record_changes(self._store, entry.offset, now, change_batch)
         puts.extend(change_puts)
         deletes.extend(change_deletes)

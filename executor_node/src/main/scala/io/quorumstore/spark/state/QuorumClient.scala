@@ -35,7 +35,7 @@ final class QuorumClient private (val addresses: Seq[String], val namespace: Str
 
   /** Fetches assignments from the configured nodes, then from any leader seen before. */
   private def refresh(deadlineNanos: Long): Unit = synchronized {
-    val candidates = (addresses ++ assignments.map(_.leader)).distinct.iterator
+    val candidates = (addresses ++ assignments.map(_.leader).filter(_.nonEmpty)).distinct.iterator
     var fresh: Seq[ShardAssignment] = Nil
     var lastError: Throwable = null
     while (fresh.isEmpty && candidates.hasNext) {
@@ -88,6 +88,10 @@ final class QuorumClient private (val addresses: Seq[String], val namespace: Str
       try {
         if (attempt > 0 || assignments.isEmpty) refresh(deadline)
         val target = route(partitionKey)
+        if (target.leader.isEmpty) {
+          throw new WireException("UNAVAILABLE", s"shard ${target.shard} has no leader yet " +
+            "(election in progress)", None, null)
+        }
         return op(connection(target.leader), target.shard, remainingMs(deadline), attempt > 0)
       } catch {
         case e: WireException if e.retryable =>
