@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -194,6 +195,7 @@ def main() -> int:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
