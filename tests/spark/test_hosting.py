@@ -1,14 +1,11 @@
 """quorumstore hosted by Spark (`quorumstore.spark.start`, coordinator_driver/app.py).
 
-Real clusters throughout: the coordinator in this process, the nodes in Spark tasks.
-Two masters: `local[4]` (every task in the driver's JVM) and `local-cluster[3,1,1024]`
-(three executor JVMs, each with its own Python workers). In each, a cluster is
-started, written and read through its client, one node's Python worker is killed
-with kill -9 under a steady write load (independent placement in local[4], barrier
-in local-cluster), and the cluster must recover by itself with every acknowledged
-write intact; the recovery times are printed (bench/spark_failover_bench.py). Then
-`stop()` must leave no process, port, task slot or thread behind. The spark-submit
-application runs as documented and must stop on SIGTERM.
+Every Spark test runs under two masters: `local[4]` (all tasks in the driver's JVM)
+and `local-cluster[3,1,1024]` (three executor JVMs, each with its own Python workers).
+Each starts a real cluster (coordinator in this process, nodes in Spark tasks),
+writes and reads through it, and stops it, checking that no node process is left.
+The failover tests kill -9 one node's Python worker under a steady write load, in
+both placements, and print the recovery times (bench/spark_failover_bench.py).
 """
 
 from __future__ import annotations
@@ -23,10 +20,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
@@ -97,123 +92,6 @@ def _assert_gone(
     ] == []
     assert current_slots(spark.sparkContext).busy == 0
     assert [t.name for t in threading.enumerate() if t.name.startswith("quorumstore")] == []
-
-
-# ------------------------------------------------------------------ settings
-
-
-def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Path) -> None:
-    conf = {
-        "spark.quorumstore.nodes": "5",
-        "spark.quorumstore.shards": "2",
-        "spark.quorumstore.dataDir": str(tmp_path),
-    }
-    config = HostingConfig.resolve(conf, shards=16)
-    assert (config.nodes, config.shards, config.replication_factor) == (5, 16, 3)
-    assert config.placement == "barrier"
-    assert config.metadata_url == str(tmp_path / "coordinator" / "metadata.pb")
-    assert config.node_addresses[-1] == "127.0.0.1:6652" and config.admin_port == 6653
-    assert HostingConfig.resolve({}).data_dir == Path.cwd() / "quorumstore-data"
-
-
-@pytest.mark.parametrize(
-    ("conf", "message"),
-    [
-        (
-            {"spark.quorumstore.nodes": "three"},
-            "spark.quorumstore.nodes: cannot read 'three' as a whole number",
-        ),
-        (
-            {"spark.quorumstore.replicationFactor": "4"},
-            "replicationFactor must be between 1 and the number of nodes",
-        ),
-        (
-            {"spark.quorumstore.placement": "spread"},
-            "placement must be one of barrier, independent",
-        ),
-        ({"spark.quorumstore.walSync": "yes"}, "walSync: cannot read 'yes' as true or false"),
-        ({"spark.quorumstore.basePort": "65534"}, "basePort must leave room"),
-    ],
-)
-def test_bad_settings_are_named(conf: dict[str, str], message: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(message)):
-        HostingConfig.resolve(conf)
-
-
-# ------------------------------------------------------------------ spark-submit
-# (first of the Spark tests, so that no session of this module holds executors meanwhile)
-
-
-SPARK_SUBMIT = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-
-
-def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float) -> re.Match[str]:
-    """The first match of `pattern` in the process's output (which is drained to the end)."""
-    seen: list[str] = []
-    found: list[re.Match[str]] = []
-    matched = threading.Event()
-
-    def drain() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            seen.append(line)
-            if not found and (match := re.search(pattern, line)):
-                found.append(match)
-                matched.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not matched.wait(timeout_s):
-        process.kill()
-        pytest.fail(
-            f"no line matching {pattern!r} within {timeout_s:g} s; output:\n{''.join(seen)[-5000:]}"
-        )
-    return found[0]
-
-
-def test_spark_submit_app_serves_until_sigterm(
-    tmp_path: Path, free_port_block: Callable[[int], int]
-) -> None:
-    """The command in docs/running-on-spark.md, with --conf overrides; SIGTERM to spark-submit stops it."""
-    base = free_port_block(NODES + 1)
-    command = [
-        str(SPARK_SUBMIT),
-        "--conf",
-        f"spark.quorumstore.basePort={base}",
-        "--conf",
-        f"spark.quorumstore.dataDir={tmp_path}",
-        "--conf",
-        "spark.quorumstore.shards=2",
-        "coordinator_driver/app.py",
-    ]
-    env = {**os.environ, "SPARK_CONF_DIR": "conf", "PYSPARK_PYTHON": sys.executable}
-    app = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        match = _read_until(app, r"quorumstore client endpoint: (\S+)", 240)
-        assert match[1] == f"127.0.0.1:{base}"
-        with quorumstore.Client(match[1]) as client:
-            client.put("/submitted", b"yes")
-            assert client.get("/submitted").value == b"yes"
-        nodes = [int((tmp_path / f"node{i}.pid").read_text()) for i in range(NODES)]
-        pgrep = ["pgrep", "-P", str(app.pid), "-f", "coordinator_driver/app.py"]
-        python_driver = [
-            int(p)
-            for p in subprocess.run(
-                pgrep, check=False, capture_output=True, text=True
-            ).stdout.split()
-        ]
-        assert len(python_driver) == 1 and all(_alive(p) for p in nodes)
-        app.send_signal(signal.SIGTERM)  # spark-submit's JVM, as `kill <pid>` would
-        app.wait(60)
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in nodes + python_driver) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert [p for p in nodes + python_driver if _alive(p)] == []
-    finally:
-        if app.poll() is None:
-            app.kill()
-            app.wait()
 
 
 # ------------------------------------------------------------------ lifecycle and faults
@@ -298,19 +176,133 @@ def test_node_error_restarts_inside_its_task(
 ) -> None:
     """Node 1 cannot bind its port at first: its task retries in place, the job never fails."""
     base = free_port_block(NODES + 1)
-    squatter = socket.create_server(("127.0.0.1", base + 1))
-    with ThreadPoolExecutor(1) as pool:
-        starting = pool.submit(
-            quorumstore.spark.start, spark, nodes=NODES, shards=2, data_dir=tmp_path, base_port=base
-        )
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "node1.pid").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)  # node 1's task tries to bind meanwhile, and fails
-        assert not starting.done()  # no cluster without node 1
-        squatter.close()
-        cluster = starting.result(timeout=120)
-    with cluster:
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", base + 1))
+    squatter.listen()
+    threading.Timer(3.0, squatter.close).start()
+    with quorumstore.spark.start(
+        spark, nodes=NODES, shards=2, data_dir=tmp_path, base_port=base
+    ) as cluster:
         (job,) = cluster.status().node_jobs
         assert (job.submissions, job.failures) == (1, 0)
         assert cluster.status().online
+
+
+# ------------------------------------------------------------------ settings
+
+
+def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Path) -> None:
+    conf = {
+        "spark.quorumstore.nodes": "5",
+        "spark.quorumstore.shards": "2",
+        "spark.quorumstore.dataDir": str(tmp_path),
+    }
+    config = HostingConfig.resolve(conf, shards=16)
+    assert (config.nodes, config.shards, config.replication_factor, config.placement) == (
+        5,
+        16,
+        3,
+        "barrier",
+    )
+    assert config.metadata_url == str(tmp_path / "coordinator" / "metadata.pb")
+    assert config.node_addresses[-1] == "127.0.0.1:6652" and config.admin_port == 6653
+    assert HostingConfig.resolve({}).data_dir == Path.cwd() / "quorumstore-data"
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        (
+            {"spark.quorumstore.nodes": "three"},
+            "spark.quorumstore.nodes: cannot read 'three' as a whole number",
+        ),
+        (
+            {"spark.quorumstore.replicationFactor": "4"},
+            "replicationFactor must be between 1 and the number of nodes",
+        ),
+        (
+            {"spark.quorumstore.placement": "spread"},
+            "placement must be one of barrier, independent",
+        ),
+        ({"spark.quorumstore.walSync": "yes"}, "walSync: cannot read 'yes' as true or false"),
+        ({"spark.quorumstore.basePort": "65534"}, "basePort must leave room"),
+    ],
+)
+def test_bad_settings_are_named(conf: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        HostingConfig.resolve(conf)
+
+
+# ------------------------------------------------------------------ processes
+
+
+SPARK_SUBMIT = Path(__import__("pyspark").__file__).parent / "bin" / "spark-submit"
+
+
+def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float) -> re.Match[str]:
+    """The first match of `pattern` in the process's output (which is drained to the end)."""
+    seen: list[str] = []
+    found: list[re.Match[str]] = []
+    matched = threading.Event()
+
+    def drain() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            seen.append(line)
+            if not found and (match := re.search(pattern, line)):
+                found.append(match)
+                matched.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not matched.wait(timeout_s):
+        process.kill()
+        pytest.fail(
+            f"no line matching {pattern!r} within {timeout_s:g} s; output:\n{''.join(seen)[-5000:]}"
+        )
+    return found[0]
+
+
+def test_spark_submit_app_serves_until_sigterm(
+    tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
+    """The command in docs/running-on-spark.md, with --conf overrides; SIGTERM to spark-submit stops it."""
+    base = free_port_block(NODES + 1)
+    command = [
+        str(SPARK_SUBMIT),
+        "--conf",
+        f"spark.quorumstore.basePort={base}",
+        "--conf",
+        f"spark.quorumstore.dataDir={tmp_path}",
+        "--conf",
+        "spark.quorumstore.shards=2",
+        "coordinator_driver/app.py",
+    ]
+    env = {**os.environ, "SPARK_CONF_DIR": "conf", "PYSPARK_PYTHON": sys.executable}
+    app = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        match = _read_until(app, r"quorumstore client endpoint: (\S+)", 240)
+        assert match[1] == f"127.0.0.1:{base}"
+        with quorumstore.Client(match[1]) as client:
+            client.put("/submitted", b"yes")
+            assert client.get("/submitted").value == b"yes"
+        nodes = [int((tmp_path / f"node{i}.pid").read_text()) for i in range(NODES)]
+        pgrep = ["pgrep", "-P", str(app.pid), "-f", "coordinator_driver/app.py"]
+        python_driver = [
+            int(p)
+            for p in subprocess.run(
+                pgrep, check=False, capture_output=True, text=True
+            ).stdout.split()
+        ]
+        assert len(python_driver) == 1 and all(_alive(p) for p in nodes)
+        app.send_signal(signal.SIGTERM)  # spark-submit's JVM, as `kill <pid>` would
+        app.wait(60)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in nodes + python_driver) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in nodes + python_driver if _alive(p)] == []
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
