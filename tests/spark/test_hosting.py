@@ -1,16 +1,20 @@
 """quorumstore hosted by Spark (`quorumstore.spark.start`, coordinator_driver/app.py).
 
-Every Spark test runs under two masters: `local[4]` (all tasks in the driver's JVM)
-and `local-cluster[3,1,1024]` (three executor JVMs, each with its own Python workers).
-Each starts a real cluster (coordinator in this process, nodes in Spark tasks),
-writes and reads through it, and stops it, checking that no node process is left.
-The failover tests kill -9 one node's Python worker under a steady write load, in
-both placements, and print the recovery times (bench/spark_failover_bench.py).
+Real clusters throughout: the coordinator in this process, the nodes in Spark tasks.
+Two masters: `local[4]` (every task in the driver's JVM) and `local-cluster[3,1,1024]`
+(three executor JVMs, each with its own Python workers). In each, a cluster is
+started, written and read through its client, one node's Python worker is killed
+with kill -9 under a steady write load (independent placement in local[4], barrier
+in local-cluster), and the cluster must recover by itself with every acknowledged
+write intact; the recovery times are printed (bench/spark_failover_bench.py). Then
+`stop()` must leave no process, port, task slot or thread behind. The spark-submit
+application runs as documented and must stop on SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -20,8 +24,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
@@ -94,100 +100,6 @@ def _assert_gone(
     assert [t.name for t in threading.enumerate() if t.name.startswith("quorumstore")] == []
 
 
-# ------------------------------------------------------------------ lifecycle and faults
-
-
-@pytest.mark.parametrize(
-    ("spark", "placement"),
-    [("local[4]", "independent"), ("local-cluster[3,1,1024]", "barrier")],
-    indirect=["spark"],
-    scope="module",
-)
-def test_start_write_read_kill_one_node_stop(
-    spark: SparkSession,
-    placement: str,
-    tmp_path: Path,
-    free_port_block: Callable[[int], int],
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """The whole life of a hosted cluster, one placement per master to keep Spark time down:
-    local[4] tries a task once, so there the driver resubmits the killed node's own job;
-    in local-cluster the barrier job of all nodes is resubmitted."""
-    cluster = quorumstore.spark.start(
-        spark,
-        nodes=NODES,
-        shards=4,
-        replication_factor=3,
-        placement=placement,
-        data_dir=tmp_path,
-        base_port=free_port_block(NODES + 1),
-    )
-    try:
-        assert cluster.addresses == [
-            f"127.0.0.1:{cluster.config.base_port + i}" for i in range(NODES)
-        ]
-        assert cluster.address == cluster.addresses[0]
-        with cluster.client() as client:
-            client.put("/hosted/greeting", b"hello")
-            assert client.get("/hosted/greeting").value == b"hello"
-
-        status = cluster.status()
-        assert status.online
-        assert sorted(status.leaders) == [0, 1, 2, 3] and all(status.leaders.values())
-        assert len(re.findall(r"^default/\d\s+online", str(status), re.MULTILINE)) == 4
-        assert [(j.submissions, j.failures) for j in status.node_jobs] == [(1, 0)] * len(
-            status.node_jobs
-        )
-        assert len(status.node_jobs) == (1 if placement == "barrier" else NODES)
-        assert all((tmp_path / f"node{i}").is_dir() for i in range(NODES))
-
-        trial = asyncio.run(failover_trial(cluster))  # raises if an acknowledged write is lost
-        with capsys.disabled():
-            print(f"\n[{spark.sparkContext.master}] {trial}")
-        assert trial.recovered_s >= trial.first_write_s > 0
-        assert trial.resubmissions == 1  # the driver brought the failed node job back
-        assert any(
-            "Python worker exited unexpectedly" in str(j.last_failure)
-            for j in cluster.status().node_jobs
-        )
-        pids = cluster.node_pids()
-        assert sorted(pids) == [0, 1, 2] and all(_alive(p) for p in pids.values())
-    finally:
-        cluster.stop()
-    _assert_gone(spark, cluster, pids)
-    cluster.stop()  # idempotent
-    assert "stopped" in repr(cluster)
-
-
-@MASTERS
-def test_too_few_slots_fails_at_once(spark: SparkSession, tmp_path: Path) -> None:
-    started = time.monotonic()
-    with pytest.raises(
-        quorumstore.spark.NotEnoughSlotsError, match=r"needs 5 free Spark task slots.*allows [34]"
-    ):
-        quorumstore.spark.start(spark, nodes=5, data_dir=tmp_path, base_port=30000)
-    assert time.monotonic() - started < 5
-    assert not (tmp_path / "coordinator").exists()  # nothing was started
-
-
-@LOCAL
-def test_node_error_restarts_inside_its_task(
-    spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]
-) -> None:
-    """Node 1 cannot bind its port at first: its task retries in place, the job never fails."""
-    base = free_port_block(NODES + 1)
-    squatter = socket.socket()
-    squatter.bind(("127.0.0.1", base + 1))
-    squatter.listen()
-    threading.Timer(3.0, squatter.close).start()
-    with quorumstore.spark.start(
-        spark, nodes=NODES, shards=2, data_dir=tmp_path, base_port=base
-    ) as cluster:
-        (job,) = cluster.status().node_jobs
-        assert (job.submissions, job.failures) == (1, 0)
-        assert cluster.status().online
-
-
 # ------------------------------------------------------------------ settings
 
 
@@ -198,12 +110,8 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
         "spark.quorumstore.dataDir": str(tmp_path),
     }
     config = HostingConfig.resolve(conf, shards=16)
-    assert (config.nodes, config.shards, config.replication_factor, config.placement) == (
-        5,
-        16,
-        3,
-        "barrier",
-    )
+    assert (config.nodes, config.shards, config.replication_factor) == (5, 16, 3)
+    assert config.placement == "barrier"
     assert config.metadata_url == str(tmp_path / "coordinator" / "metadata.pb")
     assert config.node_addresses[-1] == "127.0.0.1:6652" and config.admin_port == 6653
     assert HostingConfig.resolve({}).data_dir == Path.cwd() / "quorumstore-data"
@@ -233,10 +141,11 @@ def test_bad_settings_are_named(conf: dict[str, str], message: str) -> None:
         HostingConfig.resolve(conf)
 
 
-# ------------------------------------------------------------------ processes
+# ------------------------------------------------------------------ spark-submit
+# (first of the Spark tests, so that no session of this module holds executors meanwhile)
 
 
-SPARK_SUBMIT = Path(__import__("pyspark").__file__).parent / "bin" / "spark-submit"
+SPARK_SUBMIT = Path(pyspark.__file__).parent / "bin" / "spark-submit"
 
 
 def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float) -> re.Match[str]:
@@ -306,3 +215,130 @@ def test_spark_submit_app_serves_until_sigterm(
         if app.poll() is None:
             app.kill()
             app.wait()
+
+
+# ------------------------------------------------------------------ lifecycle and faults
+
+
+@pytest.mark.parametrize(
+    ("spark", "placement"),
+    [("local[4]", "independent"), ("local-cluster[3,1,1024]", "barrier")],
+    indirect=["spark"],
+    scope="module",
+)
+def test_start_write_read_kill_one_node_stop(
+    spark: SparkSession,
+    placement: str,
+    tmp_path: Path,
+    free_port_block: Callable[[int], int],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The whole life of a hosted cluster, one placement per master to keep Spark time down:
+    local[4] tries a task once, so there the driver resubmits the killed node's own job;
+    in local-cluster the barrier job of all nodes is resubmitted."""
+    cluster = quorumstore.spark.start(
+        spark,
+        nodes=NODES,
+        shards=4,
+        replication_factor=3,
+        placement=placement,
+        data_dir=tmp_path,
+        base_port=free_port_block(NODES + 1),
+    )
+    try:
+        assert cluster.addresses == [
+            f"127.0.0.1:{cluster.config.base_port + i}" for i in range(NODES)
+        ]
+        assert cluster.address == cluster.addresses[0]
+        with cluster.client() as client:
+            client.put("/hosted/greeting", b"hello")
+            assert client.get("/hosted/greeting").value == b"hello"
+
+        status = cluster.status()
+        assert status.online
+        assert sorted(status.leaders) == [0, 1, 2, 3] and all(status.leaders.values())
+        assert len(re.findall(r"^default/\d\s+online", str(status), re.MULTILINE)) == 4
+        assert [(j.submissions, j.failures) for j in status.node_jobs] == [(1, 0)] * len(
+            status.node_jobs
+        )
+        assert len(status.node_jobs) == (1 if placement == "barrier" else NODES)
+        assert all((tmp_path / f"node{i}").is_dir() for i in range(NODES))
+
+        trial = asyncio.run(failover_trial(cluster))  # raises if an acknowledged write is lost
+        with capsys.disabled():
+            print(f"\n[{spark.sparkContext.master}] {trial}")
+        assert trial.recovered_s >= trial.first_write_s > 0
+        assert trial.resubmissions == 1  # the driver brought the failed node job back
+        assert any(
+            "Python worker exited unexpectedly" in str(j.last_failure)
+            for j in cluster.status().node_jobs
+        )
+        pids = cluster.node_pids()
+        assert sorted(pids) == [0, 1, 2] and all(_alive(p) for p in pids.values())
+    finally:
+        cluster.stop()
+    _assert_gone(spark, cluster, pids)
+    cluster.stop()  # idempotent
+    with pytest.raises(RuntimeError, match=r"HostedCluster\(stopped, .* was stopped"):
+        cluster.status()
+
+
+@MASTERS
+def test_too_few_slots_fails_at_once(spark: SparkSession, tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(
+        quorumstore.spark.NotEnoughSlotsError, match=r"needs 5 free Spark task slots.*allows [34]"
+    ):
+        quorumstore.spark.start(spark, nodes=5, data_dir=tmp_path, base_port=30000)
+    assert time.monotonic() - started < 5
+    assert not (tmp_path / "coordinator").exists()  # nothing was started
+
+
+@LOCAL
+def test_slots_held_by_other_jobs_are_not_free(spark: SparkSession, tmp_path: Path) -> None:
+    sc = spark.sparkContext
+
+    def occupy() -> None:
+        sc.setJobGroup("busy", "two sleeping tasks", interruptOnCancel=True)
+        with contextlib.suppress(Exception):  # cancelled below
+            sc.parallelize(range(2), 2).foreach(lambda _: time.sleep(120))
+
+    worker = threading.Thread(target=occupy)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while current_slots(sc).busy < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(
+            quorumstore.spark.NotEnoughSlotsError, match=r"needs 3 .* 2 of 4 are free \(2 running"
+        ):
+            quorumstore.spark.start(spark, nodes=3, data_dir=tmp_path, base_port=30000)
+    finally:
+        sc.cancelJobGroup("busy")
+        worker.join(60)
+        while current_slots(sc).busy and time.monotonic() < deadline + 60:
+            time.sleep(0.1)
+
+
+@LOCAL
+def test_node_error_restarts_inside_its_task(
+    spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
+    """Node 1 cannot bind its port at first: its task retries in place, the job never fails."""
+    base = free_port_block(NODES + 1)
+    squatter = socket.create_server(("127.0.0.1", base + 1))
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(
+            quorumstore.spark.start, spark, nodes=NODES, shards=2, data_dir=tmp_path, base_port=base
+        )
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "node1.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # node 1's task tries to bind meanwhile, and fails
+        assert not starting.done()  # no cluster without node 1
+        squatter.close()
+        cluster = starting.result(timeout=120)
+    with cluster:
+        (job,) = cluster.status().node_jobs
+        assert (job.submissions, job.failures) == (1, 0)
+        assert cluster.status().online

@@ -122,10 +122,12 @@ class HostedCluster:
         `options` go to the client (see `quorumstore.AsyncClient`). Any Oxia-protocol
         client works too, given `address`.
         """
+        self._check_running()
         return Client(self.address, **options)
 
     def status(self) -> HostedClusterStatus:
         """Shards (term, leader, offsets, follower lag), live nodes and node jobs, now."""
+        self._check_running()
         return HostedClusterStatus(
             self._coordinator.call(CoordinatorServer.cluster_status),
             tuple(job.state() for job in self._jobs),
@@ -189,6 +191,12 @@ class HostedCluster:
         )
 
     # ------------------------------------------------------------------ internals
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise RuntimeError(
+                f"{self!r} was stopped; start a new one with quorumstore.spark.start"
+            )
 
     def _launch(self) -> None:
         """Submits the node jobs; returns when every shard has a leader and every node is up.

@@ -86,7 +86,7 @@ def _message(sc: SparkContext, needed: int, slots: Slots, kind: str) -> str:
     have = (
         f"the configuration allows {slots.total}"
         if kind == "configured"
-        else f"{slots.free} are free ({slots.total} in all, {slots.busy} running other tasks)"
+        else f"{slots.free} of {slots.total} are free ({slots.busy} running other tasks)"
     )
     return (
         f"quorumstore needs {needed} free Spark task slots, one per storage node for the cluster's "
