@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +58,9 @@ def write_inputs(directory: Path, keys: int, build_batches: int, batches: int, r
     directory.mkdir(parents=True)
     rng = random.Random(7)
     per_build = -(-keys // build_batches)
-    files = [list(range(start, min(keys, start + per_build))) for start in range(0, keys, per_build)]
+    files = [
+        list(range(start, min(keys, start + per_build))) for start in range(0, keys, per_build)
+    ]
     files += [[rng.randrange(keys) for _ in range(rows)] for _ in range(batches + 1)]
     for i, ids in enumerate(files):
         table = pa.table({"k": [f"key-{n:09d}" for n in ids], "v": pa.array(ids, pa.int64())})
@@ -78,6 +81,7 @@ def run_phase(args: argparse.Namespace) -> dict:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+    from pyspark.sql.streaming import StreamingQuery
 
     work = Path(args.work)
     builder = (
@@ -92,7 +96,9 @@ def run_phase(args: argparse.Namespace) -> dict:
     )
     for key, value in spark_confs(args.address).items():
         builder = builder.config(key, value)
-    builder = builder.config("spark.sql.streaming.stateStore.providerClass", PROVIDERS[args.provider])
+    builder = builder.config(
+        "spark.sql.streaming.stateStore.providerClass", PROVIDERS[args.provider]
+    )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     jvm = spark._jvm
@@ -116,16 +122,21 @@ def run_phase(args: argparse.Namespace) -> dict:
         if not target.exists():
             shutil.copy2(path, target)
 
-    def aggregate(source: Path, checkpoint: Path):  # type: ignore[no-untyped-def]
+    def aggregate(source: Path, checkpoint: Path) -> StreamingQuery:
         return (
-            spark.readStream.schema("k string, v long").option("maxFilesPerTrigger", 1).parquet(str(source))
-            .groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
-            .writeStream.outputMode("update").format("noop")
+            spark.readStream.schema("k string, v long")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(source))
+            .groupBy("k")
+            .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+            .writeStream.outputMode("update")
+            .format("noop")
             .option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime="100 milliseconds").start()
+            .trigger(processingTime="100 milliseconds")
+            .start()
         )
 
-    def finish(query) -> None:  # type: ignore[no-untyped-def]
+    def finish(query: StreamingQuery) -> None:
         query.processAllAvailable()
         if query.exception() is not None:
             raise SystemExit(f"{args.provider} {args.phase} query failed: {query.exception()}")
@@ -152,6 +163,7 @@ def run_phase(args: argparse.Namespace) -> dict:
     state = progress[-1]["stateOperators"][0]
     result = {
         "durations_ms": [p["durationMs"]["triggerExecution"] for p in progress],
+        "commit_ms": [p["stateOperators"][0]["commitTimeMs"] for p in progress],
         "state_keys": state["numRowsTotal"],
         "state_memory_bytes": state["memoryUsedBytes"],
         "heap_delta_bytes": heap_delta,
@@ -164,8 +176,22 @@ def run_phase(args: argparse.Namespace) -> dict:
 def phase(args: argparse.Namespace, provider: str, name: str) -> dict:
     """Runs a phase in a child process (its own JVM) and returns its measurements."""
     out = Path(args.work) / f"result-{provider}-{name}.json"
-    cmd = [sys.executable, __file__, "--phase", name, "--provider", provider, "--work", args.work,
-           "--address", args.address, "--partitions", str(args.partitions), "--result", str(out)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--phase",
+        name,
+        "--provider",
+        provider,
+        "--work",
+        args.work,
+        "--address",
+        args.address,
+        "--partitions",
+        str(args.partitions),
+        "--result",
+        str(out),
+    ]
     started = time.monotonic()
     subprocess.run(cmd, check=True)
     result = json.loads(out.read_text())
@@ -197,14 +223,29 @@ def _port_free(port: int) -> bool:
 
 def start_cluster(data_dir: Path, fsync: bool) -> tuple[subprocess.Popen[bytes], str]:
     base = free_base_port(4)
-    argv = [sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", "3", "--replication-factor", "3",
-            "--shards", "4", "--data-dir", str(data_dir), "--base-port", str(base)]
+    argv = [
+        sys.executable,
+        "-m",
+        "quorumstore.cli",
+        "cluster",
+        "--nodes",
+        "3",
+        "--replication-factor",
+        "3",
+        "--shards",
+        "4",
+        "--data-dir",
+        str(data_dir),
+        "--base-port",
+        str(base),
+    ]
     if not fsync:
         argv.append("--no-fsync")
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
     with open(data_dir.parent / "cluster.log", "wb") as log:  # the child keeps its own handle
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -224,31 +265,44 @@ def mib(n: float) -> str:
 
 
 def report(args: argparse.Namespace, results: dict[str, dict[str, dict]]) -> None:
-    steady = {p: statistics.median(r["load"]["durations_ms"][-args.batches:]) for p, r in results.items()}
+    def median_of_updates(field: str) -> dict[str, float]:
+        return {p: statistics.median(r["load"][field][-args.batches :]) for p, r in results.items()}
+
     recovery = {p: r["recover"]["durations_ms"][0] for p, r in results.items()}
     memory = {p: r["load"]["state_memory_bytes"] for p, r in results.items()}
     heap = {p: r["load"]["heap_delta_bytes"] for p, r in results.items()}
     keys = {p: r["load"]["state_keys"] for p, r in results.items()}
     print()
-    print(f"state-store bench: {args.keys:,} keys, {args.batches} update batches of {args.rows:,} rows, "
-          f"{args.partitions} partitions, local[2]; quorumstore: {args.cluster}")
-    print(f"{'':42}{'rocksdb':>14}{'quorumstore':>14}{'ratio q/r':>11}")
+    print(
+        f"state-store bench: {args.keys:,} keys, {args.batches} update batches of "
+        f"{args.rows:,} rows, {args.partitions} partitions, local[2]; quorumstore: {args.cluster}"
+    )
+    print(f"{'':48}{'rocksdb':>14}{'quorumstore':>14}{'ratio q/r':>11}")
 
-    def line(name: str, values: dict, fmt, ratio: bool = True) -> None:
+    def line(name: str, values: dict, fmt: Callable[[float], str], ratio: bool = True) -> None:
         r, q = values["rocksdb"], values["quorumstore"]
         rat = f"{q / r:.2f}" if ratio and r else "-"
-        print(f"{name:42}{fmt(r):>14}{fmt(q):>14}{rat:>11}")
+        print(f"{name:48}{fmt(r):>14}{fmt(q):>14}{rat:>11}")
+
+    def ms(v: float) -> str:
+        return f"{v:,.0f}"
 
     line("state keys", keys, lambda v: f"{v:,}", ratio=False)
-    line("median micro-batch (ms)", steady, lambda v: f"{v:,.0f}")
-    line("recovery: first batch after restart (ms)", recovery, lambda v: f"{v:,.0f}")
+    line("median micro-batch (ms)", median_of_updates("durations_ms"), ms)
+    line("  of which state commit (ms, sum of partitions)", median_of_updates("commit_ms"), ms)
+    line("recovery: first batch after restart (ms)", recovery, ms)
     line("state memory, provider-reported", memory, mib)
     line("JVM heap after GC, query running, minus before", heap, mib)
     q = results["quorumstore"]["recover"]["custom"]
-    print(f"quorumstore recovery: {q.get('quorumstoreStoreLoads', 0)} partitions loaded from the cluster "
-          f"in {q.get('quorumstoreLoadTimeMs', 0):,} ms (summed over partitions)")
-    print("rocksdb keeps its state off the JVM heap (native memory and local files): its provider-reported "
-          "memory is RocksDB's own usage; quorumstore's is an estimate of its on-heap maps.")
+    print(
+        f"quorumstore recovery: {q.get('quorumstoreStoreLoads', 0)} partitions loaded from the "
+        f"cluster in {q.get('quorumstoreLoadTimeMs', 0):,} ms (summed over partitions)"
+    )
+    print(
+        "rocksdb keeps its state off the JVM heap (native memory and local files): its "
+        "provider-reported memory is RocksDB's own usage; quorumstore's is an estimate of its "
+        "on-heap maps."
+    )
 
 
 # ------------------------------------------------------------------ main
@@ -262,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=20_000, help="rows per update micro-batch")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--address", help="a running quorumstore cluster (host:port[,...])")
-    parser.add_argument("--no-fsync", action="store_true", help="start the cluster without WAL fsync")
+    parser.add_argument(
+        "--no-fsync", action="store_true", help="start the cluster without WAL fsync"
+    )
     parser.add_argument("--phase", choices=["load", "recover"], help=argparse.SUPPRESS)
     parser.add_argument("--provider", choices=list(PROVIDERS), help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -280,11 +336,18 @@ def main(argv: list[str] | None = None) -> int:
             args.cluster = f"running cluster at {args.address}"
         else:
             (Path(tmp) / "cluster").mkdir()
-            cluster, args.address = start_cluster(Path(tmp) / "cluster" / "data", fsync=not args.no_fsync)
-            args.cluster = f"3 nodes, replication factor 3, fsync {'off' if args.no_fsync else 'on'}"
+            cluster, args.address = start_cluster(
+                Path(tmp) / "cluster" / "data", fsync=not args.no_fsync
+            )
+            args.cluster = (
+                f"3 nodes, replication factor 3, fsync {'off' if args.no_fsync else 'on'}"
+            )
         try:
-            print(f"writing input: {args.keys:,} keys in {args.build_batches} files, then "
-                  f"{args.batches + 1} files of {args.rows:,} updates", flush=True)
+            print(
+                f"writing input: {args.keys:,} keys in {args.build_batches} files, then "
+                f"{args.batches + 1} files of {args.rows:,} updates",
+                flush=True,
+            )
             write_inputs(Path(tmp) / "in", args.keys, args.build_batches, args.batches, args.rows)
             results: dict[str, dict[str, dict]] = {}
             for provider in PROVIDERS:

@@ -23,8 +23,8 @@ run_tier() {
 run_tier unit tests/unit
 run_tier simulation tests/simulation
 run_tier process tests/process
-# The state-store provider's module is left out of CI for now: in the combined run (after
-# the hosting and data source modules) all of its tests failed on a clean clone, and the
-# cause was not found before this session ended. Run it alone with
-#   python -m pytest tests/spark/test_state_store_provider.py
-run_tier spark tests/spark --ignore=tests/spark/test_state_store_provider.py
+# Each Spark module runs in its own pytest process, so each gets a fresh JVM: the
+# state-store provider's jar reaches the driver's class path only when its JVM starts.
+for module in tests/spark/test_*.py; do
+  run_tier "spark $(basename "$module" .py)" "$module"
+done

@@ -67,6 +67,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def spark(cluster: LocalCluster) -> Iterator[SparkSession]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None:
+        pytest.fail(
+            "a JVM started by an earlier test module is still running, and the provider jar "
+            "reaches the driver's class path only when a JVM starts: run this module in its "
+            "own pytest process (scripts/test.sh does)"
+        )
     builder = (
         SparkSession.builder.master("local[2]")
         .appName("quorumstore-state-store-tests")
@@ -627,12 +635,13 @@ def test_stream_stream_join(spark: SparkSession, tmp_path: Path) -> None:
 
 
 def test_apply_in_pandas_with_state(spark: SparkSession, tmp_path: Path) -> None:
-    pytest.importorskip("pandas")
+    pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
+    from pyspark.sql.streaming.state import GroupState
 
-    def count_per_key(key, frames, state):  # type: ignore[no-untyped-def]
-        import pandas as pd
-
+    def count_per_key(
+        key: tuple, frames: Iterator[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
         (seen,) = state.get if state.exists else (0,)
         for frame in frames:
             seen += len(frame)

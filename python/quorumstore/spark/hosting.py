@@ -199,7 +199,7 @@ class HostedCluster:
             )
 
     def _launch(self) -> None:
-        """Submits the node jobs; returns when every shard has a leader and every node is up.
+        """Submits the node jobs; returns when every shard has a leader and all its replicas.
 
         A node job failing before that is a setup problem (the executors' Python lacks
         quorumstore, nodes on several machines, ...), not a crash to supervise, so it
@@ -331,7 +331,24 @@ def start(
 
 
 def _serving(server: CoordinatorServer) -> bool:
-    """Every shard has a leader and the coordinator reaches every node."""
+    """Every shard has a leader, the coordinator reaches every node, and every ensemble
+    member replicates its shard in the current term.
+
+    A majority elects a leader and the last member joins as a follower a moment later;
+    ``start()`` returns only once the whole cluster is in place.
+    """
     assert server.engine is not None
-    online = all(m.state is ShardState.ONLINE for m in server.engine.metadata.shards.values())
-    return online and all(server.cluster_status().nodes_alive.values())
+    shards = server.engine.metadata.shards
+    if not all(m.state is ShardState.ONLINE for m in shards.values()):
+        return False
+    status = server.cluster_status()
+    if not all(status.nodes_alive.values()):
+        return False
+    replicating = {
+        ((r.namespace, r.shard), r.node)
+        for r in status.replicas
+        if r.role in (pb.FOLLOWER, pb.LEADER)
+        and (r.namespace, r.shard) in shards
+        and r.term == shards[(r.namespace, r.shard)].term
+    }
+    return all((key, node) in replicating for key, m in shards.items() for node in m.ensemble)

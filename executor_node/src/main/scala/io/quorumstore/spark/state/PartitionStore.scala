@@ -79,9 +79,7 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
     if (top._1 == version && local.exists(l => (l.version, l.uid) == top)) {
       return Loaded(local.get, fromStore = false, None)
     }
-    val t0 = System.nanoTime()
     val deltas = headers(Delta, 1, top._1 + 1)
-    System.err.println(s"TIMING headers ${(System.nanoTime() - t0) / 1e6} ms")
     val fromTop = chain(top, deltas)
     if (fromTop.size <= top._1 - version) {
       missing(version, s"the delta of version ${fromTop.last._1} (id ${fromTop.last._2}) is gone")
@@ -100,9 +98,7 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
         else if (lineage.last._1 == 0) (lineage.size - 1, new StateMap, None)
         else missing(version, s"no snapshot and no delta for version ${lineage.last._1}")
     }
-    val t1 = System.nanoTime()
     applyDeltas(lineage.take(startAt), deltas, base)
-    System.err.println(s"TIMING applyDeltas ${(System.nanoTime() - t1) / 1e6} ms")
     Loaded(LocalCopy(version, target._2, base), fromStore = true, snapshotVersion)
   }
 
@@ -124,10 +120,7 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
       map: StateMap): Unit = if (path.nonEmpty) {
     val wanted = path.toSet
     val (start, end) = keys.versions(Delta, path.last._1, path.head._1 + 1)
-    val t2 = System.nanoTime()
-    val scanned = client.rangeScan(pk, start, end, timeout)
-    System.err.println(s"TIMING rangeScan ${(System.nanoTime() - t2) / 1e6} ms")
-    val chunks = scanned.flatMap { r =>
+    val chunks = client.rangeScan(pk, start, end, timeout).flatMap { r =>
       keys.parse(r.key).filter(k => k.index > 0 && wanted((k.version, k.uid))).map(k => (k, r.value))
     }.groupBy(c => (c._1.version, c._1.uid))
     path.reverse.foreach { commit =>

@@ -139,7 +139,13 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
   /** `version` as the local copy; `started` is when the caller began (for the load time). */
   private def load(version: Long, uniqueId: Option[String], head: Option[Head], started: Long)
       : LocalCopy = synchronized {
-    val loaded = partition.load(version, uniqueId, head, local)
+    val loaded =
+      try partition.load(version, uniqueId, head, local)
+      catch {
+        case NonFatal(e) =>
+          local = None // a failed incremental load may have changed it halfway
+          throw e
+      }
     local = Some(loaded.copy)
     loaded.snapshotVersion.foreach(v => lastSnapshotVersion = v)
     if (loaded.fromStore) {
