@@ -12,12 +12,16 @@ fi
 export PYSPARK_PYTHON="$(python -c 'import sys; print(sys.executable)')"
 export PYSPARK_DRIVER_PYTHON="$PYSPARK_PYTHON"
 
+# Every tier runs even when an earlier one fails, so one run reports every failure;
+# the script fails at the end if any tier did.
+failed=()
 run_tier() {
   local name=$1; shift
   echo "=== $name ==="
-  local start=$SECONDS
-  python -m pytest -q -p no:cacheprovider "$@"
-  echo "=== $name: $((SECONDS - start)) s ==="
+  local start=$SECONDS status=0
+  python -m pytest -q -p no:cacheprovider "$@" || status=$?
+  echo "=== $name: $((SECONDS - start)) s, exit $status ==="
+  if [ "$status" -ne 0 ]; then failed+=("$name"); fi
 }
 
 run_tier unit tests/unit
@@ -28,3 +32,9 @@ run_tier process tests/process
 for module in tests/spark/test_*.py; do
   run_tier "spark $(basename "$module" .py)" "$module"
 done
+
+if [ ${#failed[@]} -ne 0 ]; then
+  echo "FAILED tiers: ${failed[*]}"
+  exit 1
+fi
+echo "all tiers passed"

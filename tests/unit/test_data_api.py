@@ -280,6 +280,20 @@ def test_publishing_rows_that_are_not_staged_fails_cleanly(client: DataClient) -
     assert "not on this node" in str(caught.value)
 
 
+def test_a_late_attempt_cannot_stage_for_a_discarded_write(
+    client: DataClient, server: tuple[str, Path]
+) -> None:
+    """A zombie task of a failed job stages after the job's abort: refused, nothing left."""
+    write_id = uuid.uuid4().hex
+    client.stage(0, write_id, "p0-a0", 0, rows(["zombie/a"]))
+    client.discard(write_id)
+    with pytest.raises(DataClientError) as caught:
+        client.stage(0, write_id, "p0-a0", 1, rows(["zombie/b"]))
+    assert caught.value.code == grpc.StatusCode.ABORTED  # not retried: the job is over
+    assert "already published or discarded" in str(caught.value)
+    assert not (server[1] / "node" / "data-staging" / write_id).exists()
+
+
 def test_staging_refuses_ids_that_could_escape_its_directory(client: DataClient) -> None:
     for write_id, part in [
         ("../../etc", "p"),

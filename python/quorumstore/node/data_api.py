@@ -27,6 +27,7 @@ import asyncio
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -304,6 +305,11 @@ class _Staging:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._last_sweep = 0.0
+        # Discarded write ids -> when. A task attempt of a failed or finished job may
+        # still be running (Spark does not wait for zombies), and its later chunks must
+        # not bring the write's directory back; the lock orders such a put with the drop.
+        self._discarded: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def _dir(self, write_id: str, namespace: str, shard: int) -> Path:
         if not _WRITE_ID.fullmatch(write_id):
@@ -324,10 +330,18 @@ class _Staging:
         return self._file(self._dir(write_id, namespace, shard), part, chunk)
 
     def put(self, path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_id = path.relative_to(self.root).parts[0]
+        with self._lock:
+            if write_id in self._discarded:
+                raise _Refused(
+                    grpc.StatusCode.ABORTED,
+                    f"write {write_id} was already published or discarded (its job ended); "
+                    "this task attempt's rows are not needed",
+                )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
         self._sweep()
 
     def rows(
@@ -360,18 +374,26 @@ class _Staging:
         return pa.concat_tables(tables) if tables else ROWS_SCHEMA.empty_table()
 
     def drop(self, write_id: str, namespace: str | None = None, shard: int | None = None) -> None:
+        """Deletes a write's rows (all, or one shard's); later puts of that write are refused."""
         if namespace is None or shard is None:
             if not _WRITE_ID.fullmatch(write_id):
                 raise _invalid(f"write_id must be 32 lowercase hex digits, got {write_id!r}")
-            shutil.rmtree(self.root / write_id, ignore_errors=True)
+            directory = self.root / write_id
         else:
-            shutil.rmtree(self._dir(write_id, namespace, shard), ignore_errors=True)
+            directory = self._dir(write_id, namespace, shard)
+        with self._lock:
+            self._discarded[write_id] = time.time()
+            shutil.rmtree(directory, ignore_errors=True)
 
     def _sweep(self) -> None:
         now = time.time()
         if now - self._last_sweep < _SWEEP_INTERVAL_S:
             return
         self._last_sweep = now
+        with self._lock:
+            self._discarded = {
+                w: at for w, at in self._discarded.items() if now - at <= STAGING_TTL_S
+            }
         for entry in self.root.iterdir():
             try:
                 if now - entry.stat().st_mtime > STAGING_TTL_S:
