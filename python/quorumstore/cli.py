@@ -18,8 +18,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
+
+if TYPE_CHECKING:
+    from quorumstore.node.shard_host import WalRetention
 
 DEFAULT_CLIENT_PORT = 6648
 
@@ -38,6 +42,26 @@ def _positive(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {number}")
+    return number
+
+
+def _non_negative(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {number}")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
     return number
 
 
@@ -78,6 +102,37 @@ async def _wait_until_online(coordinator: "object", timeout_s: float) -> None:
     raise CliError(f"shards did not all elect a leader within {timeout_s:.0f} s; see the log above")
 
 
+def _retention(args: argparse.Namespace) -> WalRetention:
+    from quorumstore.node.shard_host import WalRetention
+
+    return WalRetention(
+        keep_entries=args.wal_keep_entries,
+        check_interval_s=args.wal_trim_interval,
+        segment_bytes=args.wal_segment_bytes,
+    )
+
+
+def _wal_flags(args: argparse.Namespace) -> list[str]:
+    """The WAL flags of `cluster`, passed on to its node processes."""
+    return [
+        "--wal-keep-entries", str(args.wal_keep_entries),
+        "--wal-trim-interval", str(args.wal_trim_interval),
+        "--wal-segment-bytes", str(args.wal_segment_bytes),
+    ]
+
+
+def _add_wal_flags(p: argparse.ArgumentParser) -> None:
+    from quorumstore.node.shard_host import WalRetention
+
+    defaults = WalRetention()
+    p.add_argument("--wal-keep-entries", type=_non_negative, default=defaults.keep_entries,
+                   help=f"WAL entries kept below the applied offset for lagging followers (default {defaults.keep_entries})")
+    p.add_argument("--wal-trim-interval", type=_positive_float, default=defaults.check_interval_s,
+                   help=f"seconds between WAL trims (default {defaults.check_interval_s:g})")
+    p.add_argument("--wal-segment-bytes", type=_positive, default=defaults.segment_bytes,
+                   help=f"WAL segment size, the unit of trimming (default {defaults.segment_bytes})")
+
+
 # ------------------------------------------------------------------ commands
 
 
@@ -86,7 +141,7 @@ async def _run_standalone(args: argparse.Namespace) -> None:
     from quorumstore.node.node import Node, NodeConfig
 
     data_dir = Path(args.data_dir).resolve()
-    node = Node(NodeConfig(data_dir / "node", host=args.host, port=args.port, wal_sync=not args.no_fsync))
+    node = Node(NodeConfig(data_dir / "node", host=args.host, port=args.port, wal_sync=not args.no_fsync, wal_retention=_retention(args)))
     address = await node.start()
     coordinator = CoordinatorServer(
         CoordinatorServerConfig(
@@ -112,7 +167,7 @@ async def _run_standalone(args: argparse.Namespace) -> None:
 async def _run_node(args: argparse.Namespace) -> None:
     from quorumstore.node.node import Node, NodeConfig
 
-    node = Node(NodeConfig(Path(args.data_dir).resolve(), host=args.host, port=args.port, wal_sync=not args.no_fsync))
+    node = Node(NodeConfig(Path(args.data_dir).resolve(), host=args.host, port=args.port, wal_sync=not args.no_fsync, wal_retention=_retention(args)))
     address = await node.start()
     print(f"quorumstore node listening on {address}", flush=True)
     try:
@@ -159,6 +214,7 @@ def _run_cluster(args: argparse.Namespace) -> None:
     nodes = [f"{args.host}:{args.base_port + i}" for i in range(args.nodes)]
     admin = f"{args.host}:{args.base_port + args.nodes}"
     fsync = ["--no-fsync"] if args.no_fsync else []
+    fsync += _wal_flags(args)
     children = []
     try:
         for i in range(args.nodes):
@@ -286,6 +342,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-port", type=_port, default=0, help="coordinator status port (default: any free port)")
     p.add_argument("--data-dir", default="quorumstore-data", help="default: ./quorumstore-data")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync the WAL (faster, loses recent writes on power loss)")
+    _add_wal_flags(p)
 
     p = sub.add_parser("cluster", help="a coordinator and N node processes on this machine")
     p.add_argument("--nodes", type=_positive, default=3)
@@ -295,12 +352,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--base-port", type=_port, default=DEFAULT_CLIENT_PORT, help="nodes listen on base, base+1, ...; the coordinator after them")
     p.add_argument("--no-fsync", action="store_true")
+    _add_wal_flags(p)
 
     p = sub.add_parser("node", help="one storage node")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=DEFAULT_CLIENT_PORT)
     p.add_argument("--no-fsync", action="store_true")
+    _add_wal_flags(p)
 
     p = sub.add_parser("coordinator", help="the coordinator of a set of nodes")
     p.add_argument("--nodes", type=lambda v: [_address(a) for a in v.split(",")], required=True, help="comma-separated host:port")

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +222,7 @@ class LocalCluster:
         replication_factor: int = 3,
         fsync: bool = True,
         host: str = "127.0.0.1",
+        node_args: Sequence[str] = (),
     ):
         self.root = root
         self.shards = shards
@@ -236,7 +237,7 @@ class LocalCluster:
         self._processes: dict[str, ManagedProcess] = {}
         for i, address in enumerate(self.nodes):
             port = address.rpartition(":")[2]
-            argv = ["node", "--host", host, "--port", port, "--data-dir", str(self.node_dir(address)), *no_fsync]
+            argv = ["node", "--host", host, "--port", port, "--data-dir", str(self.node_dir(address)), *no_fsync, *node_args]
             self._processes[address] = ManagedProcess(f"node{i}", argv, root / "logs" / f"node{i}-{port}.log")
         self.coordinator = ManagedProcess(
             "coordinator",

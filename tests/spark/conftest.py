@@ -38,7 +38,7 @@ def free_port_block() -> Callable[[int], int]:
 
     def block(count: int) -> int:
         for _ in range(200):
-            base = random.randrange(20000, 60000 - count)
+            base = random.randrange(20000, 32768 - count)  # below the ephemeral range
             if all(_free(base + i) for i in range(count)):
                 return base
         raise RuntimeError(f"no {count} consecutive free ports found on 127.0.0.1")

@@ -22,7 +22,7 @@ import grpc
 from quorumstore import wire
 from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
-from quorumstore.node.shard_host import ShardHost
+from quorumstore.node.shard_host import ShardHost, WalRetention
 from quorumstore.node.transport import GRPC_OPTIONS, NodeTransport
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.proto import quorumstore_data_pb2_grpc
@@ -54,6 +54,8 @@ class NodeConfig:
     advertise_host: str | None = None
     wal_sync: bool = True
     tick_ms: int = 50
+    #: How much WAL each shard replica keeps once applied (see `WalRetention`).
+    wal_retention: WalRetention = WalRetention()
 
 
 class Node:
@@ -134,6 +136,7 @@ class Node:
             self._io,
             wal_sync=self.config.wal_sync,
             replica_config=ReplicaConfig(),
+            retention=self.config.wal_retention,
         )
         self.hosts[shard] = host
         return host

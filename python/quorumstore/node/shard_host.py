@@ -13,7 +13,9 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -32,6 +34,30 @@ _NOOP = WriteBatchBuilder().build(0)
 #: Committed entries applied per turn of the event loop (see `_apply_committed`).
 _APPLY_CHUNK_ENTRIES = 32
 _APPLY_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WalRetention:
+    """How much WAL a replica keeps once its entries are applied and the KV flushed.
+
+    Entries below ``min(applied, commit, synced) - keep_entries`` are dropped, whole
+    segments at a time. A follower that falls further behind than what is kept catches
+    up by snapshot instead of from the log.
+    """
+
+    #: Entries kept below the trim point, for followers a little behind.
+    keep_entries: int = 10_000
+    #: Seconds between checks; each trim first flushes the KV (one fsync).
+    check_interval_s: float = 10.0
+    #: Size at which the WAL starts a new segment (the unit of trimming).
+    segment_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.keep_entries < 0 or self.check_interval_s <= 0 or self.segment_bytes < 1:
+            raise ValueError(
+                f"WAL retention needs keep_entries >= 0, check_interval_s > 0 and "
+                f"segment_bytes >= 1, got {self}"
+            )
 
 
 class Transport(Protocol):
@@ -53,6 +79,7 @@ class ShardHost:
         *,
         wal_sync: bool = True,
         replica_config: ReplicaConfig = ReplicaConfig(),
+        retention: WalRetention = WalRetention(),
     ):
         self.node = node
         self.shard = shard
@@ -64,7 +91,10 @@ class ShardHost:
         for leftover in directory.glob("snapshot-staging*"):  # streams cut by a crash
             shutil.rmtree(leftover, ignore_errors=True)
         self._staging_sequence = 0
-        self.wal = Wal.open(directory / "wal", sync=wal_sync)
+        self.wal = Wal.open(directory / "wal", sync=wal_sync, segment_bytes=retention.segment_bytes)
+        self._retention = retention
+        self._next_trim_check = time.monotonic() + retention.check_interval_s
+        self._trim_in_flight = False
         self.kv = RocksKv(directory / "kv")
         self.machine = ShardStateMachine(self.kv)
         self._term_file = directory / "term"
@@ -136,6 +166,7 @@ class ShardHost:
             return
         self.replica.tick()
         self._process()
+        self._maybe_trim()
 
     async def write(self, payload: bytes) -> EntryResult:
         """Replicates one write batch; resolves once it is committed and applied."""
@@ -280,6 +311,47 @@ class ShardHost:
                 future.set_result(result)
         if entries and entries[-1].offset < upto:
             self._schedule_processing()
+
+    # ------------------------------------------------------------------ WAL retention
+
+    def _maybe_trim(self) -> None:
+        """Drops WAL segments the KV has made redundant (see `WalRetention`).
+
+        The KV is flushed first (off the loop) so that what the trimmed entries did
+        survives a crash; the trim point is taken before that flush, and never passes
+        the synced head, so no segment an fsync in flight still covers is deleted.
+        """
+        now = time.monotonic()
+        if self._trim_in_flight or now < self._next_trim_check:
+            return
+        self._next_trim_check = now + self._retention.check_interval_s
+        upto = (
+            min(
+                self.machine.applied_position.offset,
+                self.replica.commit_offset,
+                self.wal.synced_head.offset,
+            )
+            - self._retention.keep_entries
+        )
+        if not self.wal.can_trim_before(upto + 1):
+            return
+        self._trim_in_flight = True
+        kv = self.kv
+        future = asyncio.get_running_loop().run_in_executor(self._io, kv.flush)
+        future.add_done_callback(lambda done: self._trim_after_flush(done, kv, upto + 1))
+
+    def _trim_after_flush(
+        self, flushed: asyncio.Future[None], kv: RocksKv, offset: int
+    ) -> None:
+        self._trim_in_flight = False
+        if self._closed or kv is not self.kv:  # closed, or a snapshot replaced the KV meanwhile
+            return
+        if flushed.exception() is not None:
+            log.warning("%s %s: flushing the KV before a WAL trim failed: %s", self.node, self.shard, flushed.exception())
+            return
+        if offset > self.wal.base.offset + 1:  # a snapshot install may have moved the base past it
+            self.wal.trim_before(offset)
+            log.debug("%s %s: WAL trimmed before offset %d", self.node, self.shard, offset)
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}

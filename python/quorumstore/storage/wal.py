@@ -463,6 +463,11 @@ class Wal:
         self._head = self._synced_head = new_head
         self._dirty = self._dir_dirty = False
 
+    def can_trim_before(self, offset: int) -> bool:
+        """Whether `trim_before(offset)` would delete a segment (it keeps the active one)."""
+        self._check_usable()
+        return len(self._segments) > 1 and self._segments[0].last_offset < offset
+
     def trim_before(self, offset: int) -> None:
         """Durably delete whole segments whose entries all lie below `offset` (never the active).
 
