@@ -9,7 +9,9 @@ itself lives in the engine each `ShardHost` drives.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import queue
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: How long a NodeControl call waits for the engine's durable answer.
 _REPLY_TIMEOUT_S = 5.0
+#: Snapshot chunks received but not yet written to the staging KV (backpressure bound).
+_SNAPSHOT_CHUNKS_BUFFERED = 4
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,13 @@ class _NodeControl(pb_grpc.NodeControlServicer):
         return pb.Empty()
 
 
+def _discard_staging(staging: Path, staged: asyncio.Future[None]) -> None:
+    """Deletes what a broken snapshot stream staged, once its stager has stopped."""
+    if not staged.cancelled() and staged.exception() is not None:
+        log.info("staging of a broken snapshot stream stopped: %s", staged.exception())
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 class _Replication(pb_grpc.ReplicationServicer):
     def __init__(self, node: Node):
         self.node = node
@@ -274,32 +285,55 @@ class _Replication(pb_grpc.ReplicationServicer):
         return wire.truncate_response_to_pb(response)
 
     async def SendSnapshot(self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext) -> pb.SnapshotResponse:
+        """Stages the streamed snapshot into a fresh KV as it arrives (a few chunks in
+        memory at most, however large the shard), then installs it."""
         first: pb.SnapshotChunk | None = None
         host: ShardHost | None = None
         staging: Path | None = None
-        chunks: list[bytes] = []
-        async for chunk in request_iterator:
-            if first is None:
-                first = chunk
-                shard = (chunk.namespace, chunk.shard)
-                host = self.node.hosts.get(shard)
-                if host is None or not host.can_install_snapshot(chunk.term, chunk.leader_name):
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"not accepting a snapshot for {shard} in term {chunk.term}")
-                staging = host.staging_directory()
-            chunks.append(chunk.data)
-        if first is None or host is None or staging is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
-        loop = asyncio.get_running_loop()
+        chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=_SNAPSHOT_CHUNKS_BUFFERED)
+        staged: asyncio.Future[None] | None = None
 
-        def stage() -> None:
-            staged = RocksKv(staging)
+        def stage(directory: Path) -> None:
+            kv = RocksKv(directory)
             try:
-                install_snapshot(staged, chunks)
+                install_snapshot(kv, iter(chunks.get, None))
             finally:
-                staged.close()
+                kv.close()
+
+        async def feed(data: bytes | None) -> None:
+            """Hands one chunk to the stager, waiting while it is behind; drops it if the
+            stager already stopped (it failed, and says why when awaited)."""
+            assert staged is not None
+            while not staged.done():
+                try:
+                    chunks.put_nowait(data)
+                    return
+                except queue.Full:
+                    await asyncio.sleep(0.005)
 
         try:
-            await loop.run_in_executor(None, stage)
+            async for chunk in request_iterator:
+                if first is None:
+                    first = chunk
+                    shard = (chunk.namespace, chunk.shard)
+                    host = self.node.hosts.get(shard)
+                    if host is None or not host.can_install_snapshot(chunk.term, chunk.leader_name):
+                        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"not accepting a snapshot for {shard} in term {chunk.term}")
+                    staging = host.staging_directory()
+                    staged = asyncio.get_running_loop().run_in_executor(None, stage, staging)
+                await feed(chunk.data)
+                if staged.done():
+                    break  # staging failed: no use reading the rest
+        except BaseException:
+            if staged is not None and staging is not None:  # the stream broke: stop the stager
+                await feed(None)
+                staged.add_done_callback(functools.partial(_discard_staging, staging))
+            raise
+        if first is None or host is None or staging is None or staged is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
+        await feed(None)
+        try:
+            await staged
         except Exception as e:
             shutil.rmtree(staging, ignore_errors=True)
             await context.abort(grpc.StatusCode.DATA_LOSS, f"snapshot could not be staged: {e}")
