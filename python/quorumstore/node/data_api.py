@@ -426,6 +426,10 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
     async def _run(self, fn: Callable[..., _T], *args: object) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    async def close(self) -> None:
+        """Waits for the scans and file work still running on the service's threads."""
+        await asyncio.to_thread(self._pool.shutdown, wait=True)
+
     # -------------------------------------------------------------- hosts
 
     def _host(self, namespace: str, shard: int, *, leader: bool) -> DataShardHost:

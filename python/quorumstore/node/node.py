@@ -70,6 +70,8 @@ class Node:
         self.transport = NodeTransport(self)
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qs-io")
         self._server: grpc.aio.Server | None = None
+        self._client_api: OxiaClientServicer | None = None
+        self._data_api: QuorumstoreDataServicer | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self._assignments = pb.ShardAssignmentsUpdate(version=-1)
         self._assignments_event = asyncio.Event()
@@ -82,8 +84,10 @@ class Node:
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
         pb_grpc.add_NodeControlServicer_to_server(_NodeControl(self), self._server)
         pb_grpc.add_ReplicationServicer_to_server(_Replication(self), self._server)
-        oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(OxiaClientServicer(self), self._server)
-        quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(QuorumstoreDataServicer(self, self.config.data_dir / "data-staging"), self._server)
+        self._client_api = OxiaClientServicer(self)
+        oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(self._client_api, self._server)
+        self._data_api = QuorumstoreDataServicer(self, self.config.data_dir / "data-staging")
+        quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(self._data_api, self._server)
         port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if port == 0:
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: the port is taken or not allowed")
@@ -99,6 +103,9 @@ class Node:
             self._tick_task.cancel()
         if self._server is not None:
             await self._server.stop(grace=0.5)
+        for service in (self._client_api, self._data_api):
+            if service is not None:
+                await service.close()
         await self.transport.close()
         for host in self.hosts.values():
             host.close()
