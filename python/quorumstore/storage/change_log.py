@@ -199,7 +199,9 @@ def record_changes(
     if offset % _EXPIRY_INTERVAL == 0:
         horizon = timestamp_ms - CHANGE_RETENTION_MS
         expired = _NONE_EXPIRED
-        item = kv.seek_ge(_PREFIX)
+        # From the first record not yet expired: seeking from the prefix would walk the
+        # tombstones of every record expired so far.
+        item = kv.seek_ge(change_key(changes_kept_after(kv) + 1))
         for _ in range(_EXPIRE_PER_CHECK):
             if item is None or item[0] >= _END or _HEADER.unpack_from(item[1])[0] >= horizon:
                 break

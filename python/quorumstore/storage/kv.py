@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Protocol
 
-from rocksdict import Options, Rdict, RdictIter, WriteBatch
+from rocksdict import Options, Rdict, RdictIter, ReadOptions, WriteBatch
 from sortedcontainers import SortedDict
 
 Item = tuple[bytes, bytes]
@@ -109,13 +109,16 @@ def _valid_ranges(delete_ranges: list[tuple[bytes, bytes]]) -> list[tuple[bytes,
 
 
 class _RocksReader(_ChunkedReader):
-    def _iterator(self) -> RdictIter:
+    def _iterator(self, upper: bytes | None = None) -> RdictIter:
+        """An iterator; a live store's stops at `upper`, which keeps a seek from walking
+        the tombstones beyond it (the deleted serial index entries of every earlier
+        write) to the next live key."""
         raise NotImplementedError
 
     def _run(
         self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
     ) -> list[Item]:
-        it = self._iterator()
+        it = self._iterator(None if reverse else end)
         out: list[Item] = []
         if not reverse:
             it.seek(start if after is None else after)
@@ -188,7 +191,8 @@ class _RocksSnapshot(_RocksReader):
         self._it: RdictIter | None = it
         self._path = path
 
-    def _iterator(self) -> RdictIter:
+    def _iterator(self, upper: bytes | None = None) -> RdictIter:
+        # One pinned iterator serves every read of the snapshot, so it has no bound.
         if self._it is None:
             raise KvClosedError(f"snapshot of {self._path} is closed")
         return self._it
@@ -224,8 +228,12 @@ class RocksKv(_RocksReader):
             raise KvClosedError(f"RocksKv at {self._path} is closed")
         return self._db
 
-    def _iterator(self) -> RdictIter:
-        return self._live().iter()
+    def _iterator(self, upper: bytes | None = None) -> RdictIter:
+        if upper is None:
+            return self._live().iter()
+        options = ReadOptions()
+        options.set_iterate_upper_bound(upper)
+        return self._live().iter(options)
 
     def get(self, key: bytes) -> bytes | None:
         return self._live().get(key)
