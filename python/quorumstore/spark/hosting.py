@@ -1,8 +1,8 @@
 """A quorumstore cluster hosted by a Spark application: coordinator in the driver, nodes in tasks.
 
 `start` runs the coordinator inside the driver process and each storage node in a
-long-running executor task, waits until every shard has a leader, and returns a
-`HostedCluster` handle. See docs/running-on-spark.md for placements and supervision.
+long-running executor task, waits until every shard has a leader and all its replicas,
+and returns a `HostedCluster` handle. See docs/running-on-spark.md for placements and supervision.
 
 >>> import quorumstore.spark
 >>> cluster = quorumstore.spark.start(spark, nodes=3, shards=8, replication_factor=3)  # doctest: +SKIP
@@ -220,7 +220,7 @@ class HostedCluster:
                 raise ClusterStartError("the SparkContext stopped while the cluster was starting")
             time.sleep(0.1)
         raise ClusterStartError(
-            f"not every shard had a leader within {self.config.start_timeout_s:g} s "
+            f"not every shard had a leader and all its replicas within {self.config.start_timeout_s:g} s "
             f"(spark.quorumstore.startTimeout); the node tasks' logs are in the executors' stderr.\n"
             f"{self.status()}"
         )
