@@ -34,7 +34,7 @@ from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.proto import replication_pb2 as rpb
 from quorumstore.protocol.replica import NotLeaderError
-from quorumstore.protocol.types import Role, make_entry
+from quorumstore.protocol.types import LogPosition, Role, make_entry
 from quorumstore.storage.keys import compare_keys
 from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
 from quorumstore.storage.state_machine import EntryResult, ShardStateMachine
@@ -64,6 +64,9 @@ class SingleReplicaHost:
         self.deposed = False
         #: When set, writes wait for it before they are applied.
         self.gate: asyncio.Event | None = None
+        #: The last entry handed out; a write takes its log position when called, as the
+        #: real host does, so several may wait at the gate and apply in call order.
+        self._last = self.state.applied_position
 
     def is_leader(self) -> bool:
         return self.leader
@@ -74,7 +77,8 @@ class SingleReplicaHost:
     async def write(self, payload: bytes) -> EntryResult:
         if not self.leader or self.deposed:
             raise NotLeaderError((self.namespace, self.shard), Role.FOLLOWER, TERM, self.hint)
-        entry = make_entry(self.state.applied_position, TERM, payload)
+        entry = make_entry(self._last, TERM, payload)
+        self._last = LogPosition(entry.term, entry.offset, entry.checksum)
         if self.gate is not None:
             await self.gate.wait()
         [result] = self.state.apply([entry])
@@ -522,6 +526,55 @@ def test_write_stream_applies_writes_of_a_shard_in_request_order(cluster: Cluste
     responses = list(cluster.stub.WriteStream(iter(requests), timeout=TIMEOUT))
     assert [r.puts[0].version.modifications_count for r in responses] == list(range(50))
     assert cluster.get("/k").value == values[-1]
+
+
+def test_concurrent_writes_share_entries_and_apply_as_if_one_after_another(
+    cluster: Cluster,
+) -> None:
+    """While two entries wait in flight, later writes queue and go out merged; each still
+    sees the writes before it and gets exactly its own results. Writes naming a key the
+    entry already names, and writes with delete ranges, get entries of their own."""
+    host = cluster.hosts[0]
+    cluster.put("/m/warm-up")  # one-time costs (first request, Arrow kernels) paid here
+    gate = cluster.server.call(asyncio.Event)
+    host.gate = gate
+    before = cluster.server.call(lambda: host.state.applied_position.offset)
+    absent = {"expected_version_id": -1}
+
+    def put(key: str, value: bytes, **options: Any) -> pb.WriteRequest:
+        return pb.WriteRequest(shard=0, puts=[pb.PutRequest(key=key, value=value, **options)])
+
+    requests = [
+        put("/m/a", b"a"),  # these two wait at the gate...
+        put("/m/b", b"b"),
+        put("/m/c", b"c1", **absent),  # ...these three queue and share one entry
+        put("/m/d", b"d"),
+        put("/m/e", b"e"),
+        put("/m/c", b"c2", **absent),  # /m/c again: its own entry, sees c1
+        pb.WriteRequest(
+            shard=0,
+            puts=[pb.PutRequest(key="/m/f", value=b"f")],
+            delete_ranges=[pb.DeleteRangeRequest(start_inclusive="/m/", end_exclusive="/m/b")],
+        ),
+        put("/m/a", b"a2"),  # after the range deleted /m/a
+    ]
+    responses = cluster.stub.WriteStream(iter(requests), timeout=TIMEOUT)
+    time.sleep(0.5)  # the first two wait at the gate; the rest queue behind them
+    cluster.server.loop.call_soon_threadsafe(gate.set)
+    got = list(responses)
+    assert [[p.status for p in r.puts] for r in got] == [[pb.OK]] * 5 + [
+        [pb.UNEXPECTED_VERSION_ID],
+        [pb.OK],
+        [pb.OK],
+    ]
+    assert [r.status for r in got[6].delete_ranges] == [pb.OK]
+    assert got[7].puts[0].version.modifications_count == 0
+    values = {k: cluster.get(k).value for k in ["/m/a", "/m/b", "/m/c", "/m/d", "/m/e", "/m/f"]}
+    assert values == {
+        "/m/a": b"a2", "/m/b": b"b", "/m/c": b"c1", "/m/d": b"d", "/m/e": b"e", "/m/f": b"f"
+    }
+    entries = cluster.server.call(lambda: host.state.applied_position.offset) - before
+    assert entries < len(requests)  # e.g. a, b, [c1 d e], c2, the range, a2
 
 
 def test_write_stream_ends_with_the_status_of_a_refused_request(cluster: Cluster) -> None:

@@ -44,6 +44,7 @@ import enum
 import functools
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -54,6 +55,7 @@ from quorumstore.node import forwarding
 from quorumstore.node.forwarding import Relays, Routing
 from quorumstore.node.notifications import notification_batch, position_batch
 from quorumstore.node.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, SessionKeeper
+from quorumstore.node.write_coalescer import WriteCoalescer
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc, replication_pb2
 from quorumstore.protocol.replica import NotLeaderError
@@ -448,6 +450,9 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self._index: dict[int, tuple[str, str]] = {}
         self._sessions = SessionKeeper(session_clock_ms)
         self._relays = Relays()
+        self._coalescers: weakref.WeakKeyDictionary[ShardHostApi, WriteCoalescer] = (
+            weakref.WeakKeyDictionary()
+        )
         self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
 
     async def close(self) -> None:
@@ -663,9 +668,18 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
 
     # -------------------------------------------------------------- writes
 
-    def _build_batch(self, request: pb.WriteRequest, origin: ClientSerial | None) -> bytes:
-        """One write batch: the puts, then the deletes, then the delete ranges."""
+    def _build_batch(
+        self, requests: Sequence[pb.WriteRequest], origin: ClientSerial | None
+    ) -> bytes:
+        """One write batch of `requests` in order, each as its puts, then its deletes,
+        then its delete ranges."""
         batch = WriteBatchBuilder()
+        for request in requests:
+            self._add_request(batch, request)
+        return batch.build(self._directory.now_ms(), origin)
+
+    @staticmethod
+    def _add_request(batch: WriteBatchBuilder, request: pb.WriteRequest) -> None:
         for put in request.puts:
             batch.add_put(
                 put.key,
@@ -686,7 +700,16 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             )
         for delete_range in request.delete_ranges:
             batch.add_delete_range(delete_range.start_inclusive, delete_range.end_exclusive)
-        return batch.build(self._directory.now_ms(), origin)
+
+    def _coalescer(self, host: ShardHostApi, shard: int) -> WriteCoalescer:
+        coalescer = self._coalescers.get(host)
+        if coalescer is None:
+
+            async def replicate(requests: Sequence[pb.WriteRequest]) -> EntryResult:
+                return await self._replicate(host, shard, self._build_batch(requests, None))
+
+            coalescer = self._coalescers[host] = WriteCoalescer(replicate)
+        return coalescer
 
     @staticmethod
     async def _replicate(host: ShardHostApi, shard: int, payload: bytes) -> EntryResult:
@@ -714,7 +737,12 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         if not (request.puts or request.deletes or request.delete_ranges):
             return pb.WriteResponse()
         self._check_sequence_state(target.reader(), request)
-        result = await self._replicate(target, request.shard, self._build_batch(request, origin))
+        if origin is None:  # merged with the shard's other concurrent writes
+            result = await self._coalescer(target, request.shard).write(request)
+        else:
+            result = await self._replicate(
+                target, request.shard, self._build_batch([request], origin)
+            )
         return _write_response(request, result)
 
     async def Write(
