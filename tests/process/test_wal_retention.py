@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
+
 from conftest import poll_until
 
 if TYPE_CHECKING:
@@ -55,10 +56,8 @@ def test_wal_is_trimmed_and_replicas_still_recover(
 
     trimmed = poll_until(all_trimmed, 30, "every replica to trim its WAL")
     head = cluster.node_status(cluster.shard_metadata(0).leader, 0).head.offset
-    measure(
-        "WAL retention: after %d entries every replica's WAL starts past offset 0 (%s)"
-        % (head, ", ".join(f"first segment at {s[0]}, {len(s)} segments" for s in trimmed.values()))
-    )
+    segments = ", ".join(f"first segment at {s[0]}, {len(s)} segments" for s in trimmed.values())
+    measure(f"WAL retention: after {head} entries every replica's WAL starts past offset 0 ({segments})")
 
     # A follower down for far longer than the kept window rejoins (by snapshot).
     meta = cluster.shard_metadata(0)

@@ -30,6 +30,7 @@ def test_main_job_counts_events_per_user(
             "--work-dir",
             str(tmp_path),
         ],
+        check=False,
         capture_output=True,
         text=True,
         timeout=600,

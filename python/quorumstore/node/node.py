@@ -15,7 +15,7 @@ import queue
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -59,7 +59,7 @@ class NodeConfig:
     wal_sync: bool = True
     tick_ms: int = 50
     #: How much WAL each shard replica keeps once applied (see `WalRetention`).
-    wal_retention: WalRetention = WalRetention()
+    wal_retention: WalRetention = field(default_factory=WalRetention)
 
 
 class Node:
