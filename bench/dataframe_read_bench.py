@@ -24,11 +24,9 @@ Usage: python bench/dataframe_read_bench.py [--rows N] [--repeats R] [--address 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,39 +41,11 @@ sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or n
 
 from quorumstore.data_client import DataClient
 from quorumstore.storage.write_batch import ClientSerial
+from quorumstore.testing import standalone_server
 
 SHARDS = 4
 VALUE_BYTES = 100
 LOAD_CHUNK = 50_000
-
-
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quorumstore.cli",
-            "standalone",
-            "--shards",
-            str(SHARDS),
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-            "--no-fsync",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    match = re.search(r"listening on (\S+)", line)
-    if match is None:
-        proc.kill()
-        raise SystemExit(f"the server did not start: {line}")
-    return proc, match.group(1)
 
 
 def make_rows(start: int, stop: int) -> pa.Table:
@@ -136,10 +106,10 @@ def main() -> int:
     from quorumstore.spark.datasource import register
 
     work = Path(tempfile.mkdtemp(prefix="qs-df-bench-"))
-    proc = None
-    address = args.address
-    if address is None:
-        proc, address = start_server(work / "server")
+    stack = contextlib.ExitStack()
+    address = args.address or stack.enter_context(
+        standalone_server(work / "server", SHARDS, fsync=False)
+    )
     spark = None
     try:
         parquet_path = work / "rows.parquet"
@@ -192,9 +162,7 @@ def main() -> int:
     finally:
         if spark is not None:
             spark.stop()
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
+        stack.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,24 +36,23 @@ class CliError(Exception):
 # ------------------------------------------------------------------ helpers
 
 
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {number}")
-    return number
+def _whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `minimum`."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {number}")
+        return number
+
+    return parse
 
 
-def _non_negative(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {number}")
-    return number
+_positive = _whole_number(1)
+_non_negative = _whole_number(0)
 
 
 def _positive_float(value: str) -> float:
@@ -259,7 +259,7 @@ def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeo
                 raise CliError(f"a cluster process exited early ({' '.join(map(str, child.args[-6:]))}); see its log in the data directory")
         try:
             status = _fetch_status(admin, timeout=1)
-            if _all_replicas_serving(status):
+            if all_replicas_serving(status):
                 return status
         except CliError as e:
             last_error = str(e)
@@ -267,7 +267,7 @@ def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeo
     raise CliError(f"the cluster did not come online within {timeout_s:.0f} s ({last_error or 'shards still electing'})")
 
 
-def _all_replicas_serving(status: "object") -> bool:
+def all_replicas_serving(status: "object") -> bool:
     """Every shard has a leader and every replica follows it in the leader's term.
 
     ONLINE alone is not enough to hand out the client address: a replica still fenced

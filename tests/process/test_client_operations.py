@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -38,48 +35,19 @@ from quorumstore.client import (
 )
 from quorumstore.client.discovery import Channels
 from quorumstore.storage.keys import compare_keys
+from quorumstore.testing import standalone_server
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 SHARDS = 3
-STARTUP_TIMEOUT_S = 90
-LISTENING = re.compile(r"quorumstore standalone listening on (\S+:\d+)")
 
 
 @pytest.fixture(scope="module")
 def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A `quorumstore standalone` with SHARDS shards; yields its client address."""
     data_dir = tmp_path_factory.mktemp("client-standalone")
-    log = data_dir / "server.log"
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "quorumstore.cli", "standalone", "--shards", str(SHARDS),
-             "--port", "0", "--data-dir", str(data_dir / "data")],
-            stdout=subprocess.PIPE, stderr=stderr, text=True,
-        )  # fmt: skip
-    found: list[str] = []
-    listening = threading.Event()
-
-    def drain() -> None:  # reads stdout to the end, so the server never blocks on it
-        assert process.stdout is not None
-        for line in process.stdout:
-            match = LISTENING.search(line)
-            if match and not found:
-                found.append(match.group(1))
-                listening.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    try:
-        if not listening.wait(STARTUP_TIMEOUT_S):
-            pytest.fail(f"the server printed no address; its log:\n{log.read_text()[-4000:]}")
-        yield found[0]
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with standalone_server(data_dir / "data", SHARDS) as address:
+        yield address
 
 
 @pytest.fixture

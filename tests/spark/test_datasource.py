@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +28,7 @@ from pyspark.sql import functions as F
 from quorumstore.data_client import DataClient
 from quorumstore.spark.datasource import register
 from quorumstore.storage.write_batch import ClientSerial
+from quorumstore.testing import standalone_server
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -42,34 +40,8 @@ ROUND_TRIP_ROWS = 100_000
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """(address, data dir) of a standalone server with 4 shards."""
     data = tmp_path_factory.mktemp("standalone")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quorumstore.cli",
-            "standalone",
-            "--shards",
-            str(SHARDS),
-            "--port",
-            "0",
-            "--data-dir",
-            str(data),
-            "--no-fsync",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        match = re.search(r"listening on (\S+)", line)
-        assert match, f"standalone did not start: {line}"
-        yield match.group(1), data
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+    with standalone_server(data, SHARDS, fsync=False) as address:
+        yield address, data
 
 
 @pytest.fixture(scope="module")

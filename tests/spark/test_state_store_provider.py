@@ -24,14 +24,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import xxhash
-
-from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS, spark_confs
-
-pyspark = pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS, spark_confs
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -635,8 +634,6 @@ def test_stream_stream_join(spark: SparkSession, tmp_path: Path) -> None:
 
 
 def test_apply_in_pandas_with_state(spark: SparkSession, tmp_path: Path) -> None:
-    pd = pytest.importorskip("pandas")
-    pytest.importorskip("pyarrow")
     from pyspark.sql.streaming.state import GroupState
 
     def count_per_key(

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import os
 import random
-import re
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -32,6 +28,7 @@ from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.spark.datasource_keys import KeyFilter, intersect, prefix_ranges
 from quorumstore.storage.keys import compare_keys
 from quorumstore.storage.write_batch import ClientSerial
+from quorumstore.testing import standalone_server
 
 SHARDS = 4
 
@@ -40,36 +37,8 @@ SHARDS = 4
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """(address, data dir) of a standalone server with 4 shards."""
     data = tmp_path_factory.mktemp("standalone")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quorumstore.cli",
-            "standalone",
-            "--shards",
-            str(SHARDS),
-            "--port",
-            "0",
-            "--data-dir",
-            str(data),
-            "--no-fsync",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        match = re.search(r"listening on (\S+)", line)
-        assert match, (
-            f"standalone did not start: {line}{proc.stdout.read() if proc.poll() is not None else ''}"
-        )
-        yield match.group(1), data
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+    with standalone_server(data, SHARDS, fsync=False) as address:
+        yield address, data
 
 
 @pytest.fixture

@@ -312,11 +312,8 @@ def test_oxia_stub_uses_reference_method_paths(tmp_path):
 
 
 def test_official_client_messages_decode_byte_for_byte():
-    """Optional: encode with the official (betterproto2) classes, decode with ours."""
-    try:
-        import oxia.internal.proto.io.streamnative.oxia.proto as official
-    except (ImportError, AttributeError, TypeError) as exc:  # e.g. another betterproto2
-        pytest.skip(f"official oxia client not importable: {exc}")
+    """Encode with the official (betterproto2) classes, decode with ours."""
+    import oxia.internal.proto.io.streamnative.oxia.proto as official  # the test extra pins it
 
     theirs = official.WriteRequest(
         shard=3,

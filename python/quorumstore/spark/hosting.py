@@ -27,11 +27,10 @@ from typing import Any, Self
 
 from pyspark.sql import SparkSession
 
-from quorumstore.cli import format_status
+from quorumstore.cli import all_replicas_serving, format_status
 from quorumstore.client import Client
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 from quorumstore.proto import replication_pb2 as pb
-from quorumstore.protocol.coordinator import ShardState
 from quorumstore.spark.config import HostingConfig
 from quorumstore.spark.coordinator_thread import CoordinatorThread
 from quorumstore.spark.node_jobs import (
@@ -331,24 +330,8 @@ def start(
 
 
 def _serving(server: CoordinatorServer) -> bool:
-    """Every shard has a leader, the coordinator reaches every node, and every ensemble
-    member replicates its shard in the current term.
-
-    A majority elects a leader and the last member joins as a follower a moment later;
-    ``start()`` returns only once the whole cluster is in place.
-    """
-    assert server.engine is not None
-    shards = server.engine.metadata.shards
-    if not all(m.state is ShardState.ONLINE for m in shards.values()):
-        return False
+    """The coordinator reaches every node, and every replica of every shard follows its
+    leader: a majority elects the leader and the last member joins a moment later, and
+    ``start()`` returns only once the whole cluster is in place."""
     status = server.cluster_status()
-    if not all(status.nodes_alive.values()):
-        return False
-    replicating = {
-        ((r.namespace, r.shard), r.node)
-        for r in status.replicas
-        if r.role in (pb.FOLLOWER, pb.LEADER)
-        and (r.namespace, r.shard) in shards
-        and r.term == shards[(r.namespace, r.shard)].term
-    }
-    return all((key, node) in replicating for key, m in shards.items() for node in m.ensemble)
+    return all(status.nodes_alive.values()) and all_replicas_serving(status)
