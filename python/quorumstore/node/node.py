@@ -9,7 +9,6 @@ itself lives in the engine each `ShardHost` drives.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import queue
 import shutil
@@ -243,11 +242,51 @@ class _NodeControl(pb_grpc.NodeControlServicer):
         return pb.Empty()
 
 
-def _discard_staging(staging: Path, staged: asyncio.Future[None]) -> None:
-    """Deletes what a broken snapshot stream staged, once its stager has stopped."""
-    if not staged.cancelled() and staged.exception() is not None:
-        log.info("staging of a broken snapshot stream stopped: %s", staged.exception())
-    shutil.rmtree(staging, ignore_errors=True)
+class _SnapshotStager:
+    """Writes one snapshot stream's chunks into a fresh KV on a worker thread as they
+    arrive, holding at most `_SNAPSHOT_CHUNKS_BUFFERED` of them in memory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=_SNAPSHOT_CHUNKS_BUFFERED)
+        self._staged = asyncio.get_running_loop().run_in_executor(None, self._stage)
+
+    def _stage(self) -> None:
+        kv = RocksKv(self.directory)
+        try:
+            install_snapshot(kv, iter(self._chunks.get, None))
+        finally:
+            kv.close()
+
+    @property
+    def stopped(self) -> bool:
+        """The stager ended before being told the stream ended: it failed."""
+        return self._staged.done()
+
+    async def feed(self, data: bytes | None) -> None:
+        """Hands one chunk (None: the end) over, waiting while the stager is behind; drops
+        it if the stager already stopped (it failed, and `finish` says why)."""
+        while not self._staged.done():
+            try:
+                self._chunks.put_nowait(data)
+                return
+            except queue.Full:
+                await asyncio.sleep(0.005)
+
+    async def finish(self) -> None:
+        """Ends the stream; raises what made staging fail."""
+        await self.feed(None)
+        await self._staged
+
+    async def abandon(self) -> None:
+        """The stream broke: stops the stager and deletes what it staged once it stopped."""
+        await self.feed(None)
+        self._staged.add_done_callback(self._discard)
+
+    def _discard(self, staged: asyncio.Future[None]) -> None:
+        if not staged.cancelled() and staged.exception() is not None:
+            log.info("staging of a broken snapshot stream stopped: %s", staged.exception())
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class _Replication(pb_grpc.ReplicationServicer):
@@ -292,32 +331,10 @@ class _Replication(pb_grpc.ReplicationServicer):
         return wire.truncate_response_to_pb(response)
 
     async def SendSnapshot(self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext) -> pb.SnapshotResponse:
-        """Stages the streamed snapshot into a fresh KV as it arrives (a few chunks in
-        memory at most, however large the shard), then installs it."""
+        """Stages the streamed snapshot into a fresh KV as it arrives, then installs it."""
         first: pb.SnapshotChunk | None = None
         host: ShardHost | None = None
-        staging: Path | None = None
-        chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=_SNAPSHOT_CHUNKS_BUFFERED)
-        staged: asyncio.Future[None] | None = None
-
-        def stage(directory: Path) -> None:
-            kv = RocksKv(directory)
-            try:
-                install_snapshot(kv, iter(chunks.get, None))
-            finally:
-                kv.close()
-
-        async def feed(data: bytes | None) -> None:
-            """Hands one chunk to the stager, waiting while it is behind; drops it if the
-            stager already stopped (it failed, and says why when awaited)."""
-            assert staged is not None
-            while not staged.done():
-                try:
-                    chunks.put_nowait(data)
-                    return
-                except queue.Full:
-                    await asyncio.sleep(0.005)
-
+        stager: _SnapshotStager | None = None
         try:
             async for chunk in request_iterator:
                 if first is None:
@@ -326,24 +343,23 @@ class _Replication(pb_grpc.ReplicationServicer):
                     host = self.node.hosts.get(shard)
                     if host is None or not host.can_install_snapshot(chunk.term, chunk.leader_name):
                         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"not accepting a snapshot for {shard} in term {chunk.term}")
-                    staging = host.staging_directory()
-                    staged = asyncio.get_running_loop().run_in_executor(None, stage, staging)
-                await feed(chunk.data)
-                if staged.done():
+                    stager = _SnapshotStager(host.staging_directory())
+                assert stager is not None
+                await stager.feed(chunk.data)
+                if stager.stopped:
                     break  # staging failed: no use reading the rest
         except BaseException:
-            if staged is not None and staging is not None:  # the stream broke: stop the stager
-                await feed(None)
-                staged.add_done_callback(functools.partial(_discard_staging, staging))
+            if stager is not None:
+                await stager.abandon()
             raise
-        if first is None or host is None or staging is None or staged is None:
+        if first is None or host is None or stager is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
-        await feed(None)
         try:
-            await staged
+            await stager.finish()
         except Exception as e:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(stager.directory, ignore_errors=True)
             await context.abort(grpc.StatusCode.DATA_LOSS, f"snapshot could not be staged: {e}")
+        staging = stager.directory
         position = wire.position_from_pb(first.position)
         head = host.install_staged_snapshot(first.term, first.leader_name, position, staging)
         return pb.SnapshotResponse(namespace=first.namespace, shard=first.shard, term=host.replica.term, head=wire.position_to_pb(head))
