@@ -16,7 +16,10 @@ One run, one Spark session (local[2]), side by side:
                   produce the key and value of every row.
 
 Printed: rows/s of each source per measurement and the quorumstore/Parquet ratio
-(the goal is >= 0.5 on "read + count").
+(the goal is >= 0.5 on "read + count"). A third source, the *Python data source floor*,
+yields the same number of rows in quorumstore's schema from batches built once in each
+task, with no store behind it: what Spark's Python Data Source API alone costs for
+these rows, i.e. the best any Python data source could do here.
 
 Usage: python bench/dataframe_read_bench.py [--rows N] [--repeats R] [--address HOST:PORT]
 """
@@ -30,7 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,7 +42,14 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or not
 
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
 from quorumstore.data_client import DataClient
+from quorumstore.node.data_api import DEFAULT_SCAN_BATCH_ROWS
+from quorumstore.spark.datasource_read import RowShaper, output_schema
+from quorumstore.spark.datasource_values import ValueCodec
+from quorumstore.storage.state_machine import SCAN_SCHEMA
 from quorumstore.storage.write_batch import ClientSerial
 from quorumstore.testing import standalone_server
 
@@ -76,6 +86,51 @@ def scan_all(address: str, rows: int) -> None:
     with DataClient(address) as client:
         got = sum(b.num_rows for s in client.shards() for b, _ in client.scan(s.shard))
     assert got == rows, f"scanned {got} rows, not {rows}"
+
+
+class _FloorReader(DataSourceReader):
+    """Yields `rows` rows of quorumstore's read schema, in SHARDS partitions, from one
+    prebuilt batch per task: Spark's own cost of a Python data source, and nothing else."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(i) for i in range(SHARDS)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        n = DEFAULT_SCAN_BATCH_ROWS
+        stored = pa.record_batch(
+            {
+                "key": pa.array([f"bench/{i:07d}" for i in range(n)], pa.string()),
+                "value": pa.array([os.urandom(VALUE_BYTES) for _ in range(n)], pa.binary()),
+                **{c: pa.array(range(n), pa.int64()) for c in SCAN_SCHEMA.names[2:]},
+            }
+        )
+        batch = RowShaper(ValueCodec.for_read("binary", None)).shape(
+            stored,
+            partition.value,
+            pa.repeat(pa.scalar(1, pa.int64()), n),
+            pa.repeat(pa.scalar("put"), n),
+            pa.nulls(n, pa.string()),
+        )
+        share = self.rows // SHARDS + (partition.value < self.rows % SHARDS)
+        for start in range(0, share, n):
+            yield batch.slice(0, min(n, share - start))
+
+
+class PythonSourceFloor(DataSource):
+    """`spark.read.format("python_source_floor").option("rows", N)`: see _FloorReader."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "python_source_floor"
+
+    def schema(self) -> StructType:
+        return output_schema(ValueCodec.for_read("binary", None))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _FloorReader(int(self.options["rows"]))
 
 
 def best_of(repeats: int, runs: dict[str, Callable[[], object]]) -> dict[str, float]:
@@ -129,9 +184,11 @@ def main() -> int:
         )
         spark.sparkContext.setLogLevel("ERROR")
         register(spark, address=address)
+        spark.dataSource.register(PythonSourceFloor)
         sources = {
             "quorumstore": spark.read.format("quorumstore").load(),
             "parquet": spark.read.parquet(str(parquet_path)),
+            "floor": spark.read.format("python_source_floor").option("rows", args.rows).load(),
         }
         for name, df in sources.items():
             assert df.count() == args.rows, f"{name} does not hold {args.rows} rows"
@@ -153,10 +210,12 @@ def main() -> int:
             flush=True,
         )
         for label, times in (("count", counts), ("read + count", reads)):
-            qs, pq_ = args.rows / times["quorumstore"], args.rows / times["parquet"]
+            qs, pq_, fl = (args.rows / times[name] for name in ("quorumstore", "parquet", "floor"))
             print(
                 f"{label:>13}: quorumstore {qs:>12,.0f} rows/s ({times['quorumstore']:.2f} s)   "
-                f"parquet {pq_:>12,.0f} rows/s ({times['parquet']:.2f} s)   ratio {qs / pq_:.2f}x"
+                f"parquet {pq_:>12,.0f} rows/s ({times['parquet']:.2f} s)   ratio {qs / pq_:.2f}x   "
+                f"| Python data source floor {fl:>12,.0f} rows/s ({times['floor']:.2f} s), "
+                f"{fl / pq_:.2f}x parquet; quorumstore {qs / fl:.2f}x floor"
             )
         return 0
     finally:

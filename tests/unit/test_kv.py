@@ -46,6 +46,24 @@ def test_scans(kv: KvStore) -> None:
     assert list(kv.scan(b"\x01a", b"\x01b")) == [(b"\x01a", b"v\x01a")]
 
 
+@pytest.mark.parametrize("view", ["store", "snapshot"])
+def test_scan_runs_are_the_scan_in_columns(kv: KvStore, view: str) -> None:
+    many = [b"\x01k%04d" % i for i in range(250)]
+    fill(kv, [*KEYS, *many])
+    reader = kv.snapshot() if view == "snapshot" else kv
+    runs = list(reader.scan_runs(b"\x01", b"\x02", 100))
+    expected = list(reader.scan(b"\x01", b"\x02"))
+    assert [len(k) for k, _ in runs] == [100, 100, 53]
+    assert [item for k, v in runs for item in zip(k, v)] == expected
+    assert list(reader.scan_runs(b"\x01", b"\x02", len(expected))) == [
+        ([k for k, _ in expected], [v for _, v in expected])
+    ]
+    assert list(reader.scan_runs(b"\x03", None, 10)) == []
+    assert list(reader.scan_runs(b"\x02", b"\x01", 10)) == []
+    with pytest.raises(ValueError, match="run_items must be positive"):
+        next(reader.scan_runs(b"", None, 0))
+
+
 def test_seeks(kv: KvStore) -> None:
     fill(kv, [b"b", b"d"])
     assert kv.seek_ge(b"b") == (b"b", b"vb")

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
-from quorumstore.storage.keys import compare_keys
+from quorumstore.storage import state_machine
+from quorumstore.storage.keys import compare_keys, key_range
 from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
 from quorumstore.storage.snapshot import install_snapshot, iter_snapshot_chunks
 from quorumstore.storage.state_machine import (
@@ -99,7 +100,11 @@ def test_builder_round_trip() -> None:
     builder.add_delete_range("c", "d")
     batch = decode_batch(builder.build(timestamp_ms=42))
     assert batch_timestamp_ms(batch) == 42
-    no_extensions = {"sequence_key_delta": None, "secondary_indexes": None, "session_timeout_ms": None}
+    no_extensions = {
+        "sequence_key_delta": None,
+        "secondary_indexes": None,
+        "session_timeout_ms": None,
+    }
     assert batch.to_pylist() == [
         {
             "op": Op.PUT,
@@ -563,6 +568,32 @@ def test_scan_arrow_matches_range_scan(shard: Shard) -> None:
     ]
     assert rows == expected
     assert list(shard.sm.scan_arrow("x", "y")) == []
+
+
+def test_scan_arrow_of_plain_records(shard: Shard, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Records without client identity or partition key take the one-slice value path.
+    rng = random.Random(5)
+    shard.apply(puts(*((f"p/{i:04d}", rng.randbytes(rng.randrange(30))) for i in range(200))))
+    expected = [(k, r.value, r.version_id) for k, r in shard.sm.range_scan("", "")]
+    batches = list(shard.sm.scan_arrow("", "", batch_rows=150))
+    assert [b.num_rows for b in batches] == [150, 50]
+    table = pa.Table.from_batches(batches)
+    table.validate(full=True)
+    assert (
+        list(zip(*(table.column(c).to_pylist() for c in ("key", "value", "version_id"))))
+        == expected
+    )
+    # A byte cap cuts batches between items, never inside one.
+    sizes = [len(k) + len(v) for k, v in shard.kv.scan(*key_range("", ""))]
+    cap = 60 * max(sizes)
+    monkeypatch.setattr(state_machine, "_MAX_BATCH_BYTES", cap)
+    capped = list(shard.sm.scan_arrow("", "", batch_rows=150))
+    assert len(capped) >= 4
+    start = 0
+    for batch in capped:
+        assert sum(sizes[start : start + batch.num_rows]) <= cap
+        start += batch.num_rows
+    assert pa.Table.from_batches(capped).equals(table)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,8 @@ from rocksdict import Options, Rdict, RdictIter, ReadOptions, WriteBatch
 from sortedcontainers import SortedDict
 
 Item = tuple[bytes, bytes]
+#: Keys and values of consecutive items, as two parallel lists (a columnar run).
+Run = tuple[list[bytes], list[bytes]]
 
 # Scans read runs of growing size: short scans stay cheap, long ones amortise re-seeks.
 _FIRST_RUN = 16
@@ -41,6 +43,11 @@ class KvReader(Protocol):
 
     def scan(self, start: bytes, end: bytes | None, reverse: bool = False) -> Iterator[Item]:
         """Items with start <= key < end (end None: unbounded), ascending or descending."""
+        ...
+
+    def scan_runs(self, start: bytes, end: bytes | None, run_items: int) -> Iterator[Run]:
+        """`scan`'s ascending items as runs of at most `run_items`, keys and values apart:
+        bulk readers (Arrow batches) then never touch single items in Python."""
         ...
 
     def seek_le(self, key: bytes) -> Item | None: ...
@@ -84,7 +91,7 @@ class _ChunkedReader:
 
     def _run(
         self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
-    ) -> list[Item]:
+    ) -> Run:
         """Up to `limit` items of [start, end) in scan order, strictly past `after` if given."""
         raise NotImplementedError
 
@@ -92,12 +99,24 @@ class _ChunkedReader:
         after: bytes | None = None
         limit = _FIRST_RUN
         while True:
-            run = self._run(after, start, end, reverse, limit)
-            yield from run
-            if len(run) < limit:
+            keys, values = self._run(after, start, end, reverse, limit)
+            yield from zip(keys, values)
+            if len(keys) < limit:
                 return
-            after = run[-1][0]
+            after = keys[-1]
             limit = min(2 * limit, _MAX_RUN)
+
+    def scan_runs(self, start: bytes, end: bytes | None, run_items: int) -> Iterator[Run]:
+        if run_items < 1:
+            raise ValueError(f"run_items must be positive, got {run_items}")
+        after: bytes | None = None
+        while True:
+            keys, values = self._run(after, start, end, False, run_items)
+            if keys:
+                yield keys, values
+            if len(keys) < run_items:
+                return
+            after = keys[-1]
 
 
 def _valid_ranges(delete_ranges: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -117,19 +136,26 @@ class _RocksReader(_ChunkedReader):
 
     def _run(
         self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
-    ) -> list[Item]:
+    ) -> Run:
         it = self._iterator(None if reverse else end)
-        out: list[Item] = []
+        keys: list[bytes] = []
+        values: list[bytes] = []
         if not reverse:
             it.seek(start if after is None else after)
             if after is not None and it.valid() and it.key() == after:
                 it.next()
-            while it.valid() and len(out) < limit:
-                key = it.key()
+            # The hot loop of every bulk read: bound methods hoisted, no per-item tuples.
+            valid, key_of, value_of, step = it.valid, it.key, it.value, it.next
+            add_key, add_value = keys.append, values.append
+            for _ in range(limit):
+                if not valid():
+                    break
+                key = key_of()
                 if end is not None and key >= end:
                     break
-                out.append((key, it.value()))
-                it.next()
+                add_key(key)
+                add_value(value_of())
+                step()
         else:
             bound = end if after is None else after
             if bound is None:
@@ -138,14 +164,15 @@ class _RocksReader(_ChunkedReader):
                 it.seek_for_prev(bound)
                 if it.valid() and it.key() == bound:
                     it.prev()
-            while it.valid() and len(out) < limit:
+            while it.valid() and len(keys) < limit:
                 key = it.key()
                 if key < start:
                     break
-                out.append((key, it.value()))
+                keys.append(key)
+                values.append(it.value())
                 it.prev()
         it.status()
-        return out
+        return keys, values
 
     @staticmethod
     def _here(it: RdictIter) -> Item | None:
@@ -298,7 +325,7 @@ class _SortedReader(_ChunkedReader):
 
     def _run(
         self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
-    ) -> list[Item]:
+    ) -> Run:
         data = self._sorted()
         if not reverse:
             low = start if after is None else after
@@ -306,7 +333,8 @@ class _SortedReader(_ChunkedReader):
         else:
             high = end if after is None else after
             keys = data.irange(start, high, inclusive=(True, False), reverse=True)
-        return [(key, data[key]) for key in islice(keys, limit)]
+        found = list(islice(keys, limit))
+        return found, [data[key] for key in found]
 
     def _at(self, index: int) -> Item | None:
         data = self._sorted()

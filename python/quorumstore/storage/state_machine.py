@@ -14,11 +14,15 @@ batch see the effects of the ops before them.
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
 import struct
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
@@ -72,6 +76,8 @@ _KNOWN_OPS = {op.value for op in Op}
 
 # Arrow binary arrays hold at most 2 GiB; cap scan_arrow batches well below that.
 _MAX_BATCH_BYTES = 256 << 20
+#: A slice stop past the end of any Arrow binary value.
+_BINARY_END = 2**31 - 1
 
 
 class Status(enum.IntEnum):
@@ -263,14 +269,39 @@ def _fixed_width_data(array: pa.Array, width: int) -> pa.Buffer:
     return array.buffers()[1].slice(array.offset * width)
 
 
-def _header_field(records: pa.BinaryArray, at: int, width: int, kind: pa.DataType) -> pa.Array:
-    """The integer at byte `at` of every record, as one Arrow array.
+def _header_integers(
+    records: pa.BinaryArray, at: int, width: int, count: int, dtype: str
+) -> np.ndarray:
+    """The `count` integers of `width` bytes at byte `at` of every record, as an (n, count)
+    array viewing one copy of those header bytes.
 
     The bytes are reinterpreted in place, so this relies on Arrow's native byte order
     being little-endian, as on every platform quorumstore runs on.
     """
-    raw = pc.binary_slice(records, at, at + width).cast(pa.binary(width))
-    return pa.Array.from_buffers(kind, len(raw), [None, _fixed_width_data(raw, width)])
+    span = width * count
+    raw = pc.binary_slice(records, at, at + span).cast(pa.binary(span))
+    data = _fixed_width_data(raw, span)
+    return np.frombuffer(data, dtype, len(raw) * count).reshape(len(raw), count)
+
+
+def _record_suffixes(records: pa.BinaryArray, starts: np.ndarray) -> pa.BinaryArray:
+    """Record i from byte starts[i] on, for every i: the values behind variable-length
+    strings. A list view over the records' bytes picks the suffixes, flattening packs
+    them, and their sizes give the new offsets."""
+    n = len(records)
+    offsets = np.frombuffer(records.buffers()[1], np.int32, n + 1, records.offset * 4)
+    begins = offsets[:-1] + starts.astype(np.int32)
+    sizes = offsets[1:] - begins
+    if (sizes < 0).any():
+        raise ValueError("a record is shorter than its header and strings")
+    data = records.buffers()[2]
+    all_bytes = pa.Array.from_buffers(pa.uint8(), len(data), [None, data])
+    packed = pc.list_flatten(pa.ListViewArray.from_arrays(begins, sizes, all_bytes))
+    new_offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(sizes, out=new_offsets[1:])
+    return pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(new_offsets), _fixed_width_data(packed, 1)]
+    )
 
 
 #: Below this many records a plain loop beats the fixed cost of a dozen Arrow kernels.
@@ -294,28 +325,27 @@ def _records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
     records = pa.array(values, pa.binary())
     if pc.any(pc.less(pc.binary_length(records), _HEADER.size)).as_py():
         raise ValueError(f"a record is shorter than its {_HEADER.size}-byte header")
-    fields = [_header_field(records, 8 * i, 8, pa.int64()) for i in range(4)]
-    ci_len = _header_field(records, _HEADER.size - 8, 4, pa.uint32()).cast(pa.int32())
-    pk_len = _header_field(records, _HEADER.size - 4, 4, pa.uint32()).cast(pa.int32())
-    # Each value is the suffix of its record: a list view over the records' bytes picks
-    # the suffixes, flattening packs them, and their sizes give the new offsets.
-    n = len(records)
-    offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, records.buffers()[1]])
-    starts = pc.add(offsets.slice(0, n), pc.add(pc.add(ci_len, pk_len), _HEADER.size)).cast(
-        pa.int32()
-    )
-    sizes = pc.subtract(offsets.slice(1), starts).cast(pa.int32())
-    if pc.any(pc.less(sizes, 0)).as_py():
-        raise ValueError("a record is shorter than its header and strings")
-    data = records.buffers()[2]
-    all_bytes = pa.Array.from_buffers(pa.uint8(), len(data), [None, data])
-    packed = pc.list_flatten(pa.ListViewArray.from_arrays(starts, sizes, all_bytes))
-    new_offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(sizes)])
-    value = pa.Array.from_buffers(
-        pa.binary(), n, [None, new_offsets.buffers()[1], _fixed_width_data(packed, 1)]
-    )
+    versions = _header_integers(records, 0, 8, 4, "<i8")
+    fields = [pa.array(np.ascontiguousarray(versions[:, i])) for i in range(4)]
+    string_lengths = _header_integers(records, _HEADER.size - 8, 4, 2, "<u4")
+    if string_lengths.any():  # client identities or partition keys precede some values
+        value = _record_suffixes(records, _HEADER.size + string_lengths.sum(axis=1))
+    else:
+        value = pc.binary_slice(records, _HEADER.size, _BINARY_END)
     key = decode_keys(pa.array(keys, pa.binary()))
     return pa.RecordBatch.from_arrays([key, value, *fields], schema=SCAN_SCHEMA)
+
+
+def _bounded_batches(keys: list[bytes], values: list[bytes]) -> Iterator[pa.RecordBatch]:
+    """`_records_batch` of the items, cut so that no batch holds more than
+    _MAX_BATCH_BYTES (unless one item alone does)."""
+    ends = list(itertools.accumulate(map(operator.add, map(len, keys), map(len, values))))
+    start = 0
+    while start < len(keys):
+        below = ends[start - 1] if start else 0
+        stop = max(start + 1, bisect_right(ends, below + _MAX_BATCH_BYTES, lo=start))
+        yield _records_batch(keys[start:stop], values[start:stop])
+        start = stop
 
 
 def _pack_position(position: LogPosition) -> bytes:
@@ -374,7 +404,9 @@ class ShardReader:
         for key, raw in self._kv.scan(*key_range(min_inclusive, max_exclusive)):
             yield decode_key(key), decode_record(raw)
 
-    def list_by_index(self, index_name: str, min_inclusive: str, max_exclusive: str) -> Iterator[str]:
+    def list_by_index(
+        self, index_name: str, min_inclusive: str, max_exclusive: str
+    ) -> Iterator[str]:
         """Primary keys whose secondary key in `index_name` is in [min, max), by secondary key."""
         for primary in secondary_indexes.scan(self._kv, index_name, min_inclusive, max_exclusive):
             yield decode_key(primary)
@@ -441,18 +473,10 @@ class ShardReader:
         """`range_scan` as SCAN_SCHEMA record batches of at most `batch_rows` rows."""
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be positive, got {batch_rows}")
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        size = 0
-        for key, raw in self._kv.scan(*key_range(min_inclusive, max_exclusive)):
-            keys.append(key)
-            values.append(raw)
-            size += len(raw) + len(key)
-            if len(keys) == batch_rows or size >= _MAX_BATCH_BYTES:
-                yield _records_batch(keys, values)
-                keys, values, size = [], [], 0
-        if keys:
-            yield _records_batch(keys, values)
+        for keys, values in self._kv.scan_runs(
+            *key_range(min_inclusive, max_exclusive), batch_rows
+        ):
+            yield from _bounded_batches(keys, values)
 
     def state_digest(self) -> int:
         """Order-independent hash of every user record and the version counter.
@@ -680,12 +704,19 @@ class ShardStateMachine(ShardReader):
         deletes.extend(internal_deletes)
         if origin is not None:
             serial_puts, serial_deletes = serial_changes(
-                self._store, origin.client_id, origin.serial, now, encode_results(results), previous_serial
+                self._store,
+                origin.client_id,
+                origin.serial,
+                now,
+                encode_results(results),
+                previous_serial,
             )
             puts.extend(serial_puts)
             deletes.extend(serial_deletes)
         change_batch = change_log.entry_changes(changes, stored, ranges, decode_record)
-        change_puts, change_deletes = change_log.record_changes(self._store, entry.offset, now, change_batch)
+        change_puts, change_deletes = change_log.record_changes(
+            self._store, entry.offset, now, change_batch
+        )
         puts.extend(change_puts)
         deletes.extend(change_deletes)
         self._store.write(puts, deletes, ranges)
