@@ -20,7 +20,7 @@ import struct
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +44,7 @@ from quorumstore.storage.overlay import InternalOverlay
 from quorumstore.storage.serials import decode_serial_record, serial_changes, serial_key
 from quorumstore.storage.write_batch import (
     VERSION_ID_NOT_EXISTS,
+    ClientSerial,
     Op,
     batch_origin,
     batch_timestamp_ms,
@@ -145,7 +146,7 @@ _SESSION_DOES_NOT_EXIST = OpResult(Status.SESSION_DOES_NOT_EXIST)
 @dataclass(frozen=True, slots=True)
 class EntryResult:
     offset: int
-    results: list[OpResult]
+    results: Sequence[OpResult]
     #: True when the entry repeated an exactly-once serial already applied: nothing
     #: changed, and `results` are the original write's (empty for an older serial).
     duplicate: bool = False
@@ -153,6 +154,22 @@ class EntryResult:
 
 _RESULT = struct.Struct("<BBI")  # status, flags, record length
 _RESULT_RECORD, _RESULT_KEY, _RESULT_SESSION = 1, 2, 4
+
+# The same layouts as numpy records, for the columnar apply of plain puts.
+_RECORD_HEADER = np.dtype(
+    [
+        ("version_id", "<i8"),
+        ("modifications_count", "<i8"),
+        ("created_ms", "<i8"),
+        ("modified_ms", "<i8"),
+        ("session_id", "<i8"),
+        ("flags", "u1"),
+        ("client_identity_length", "<u4"),
+        ("partition_key_length", "<u4"),
+    ]
+)
+_RESULT_HEADER = np.dtype([("status", "u1"), ("flags", "u1"), ("length", "<u4")])
+assert (_RECORD_HEADER.itemsize, _RESULT_HEADER.itemsize) == (_HEADER.size, _RESULT.size)
 
 
 def encode_results(results: Sequence[OpResult]) -> bytes:
@@ -346,6 +363,109 @@ def _bounded_batches(keys: list[bytes], values: list[bytes]) -> Iterator[pa.Reco
         stop = max(start + 1, bisect_right(ends, below + _MAX_BATCH_BYTES, lo=start))
         yield _records_batch(keys[start:stop], values[start:stop])
         start = stop
+
+
+class _PutResults(Sequence[OpResult]):
+    """The OK results of a columnar apply's puts, built when first read: bulk writers
+    (the data service) never read them, and per-put objects are most of a bulk apply."""
+
+    def __init__(
+        self,
+        values: pa.BinaryArray,
+        header: np.ndarray,
+        client_identity: pa.StringArray,
+        partition_key: pa.StringArray,
+        now: int,
+    ) -> None:
+        self._columns = (values, header, client_identity, partition_key, now)
+        self._built: list[OpResult] | None = None
+
+    def _results(self) -> list[OpResult]:
+        if self._built is None:
+            values, header, client_identity, partition_key, now = self._columns
+            self._built = [
+                OpResult(Status.OK, Record(v, i, m, c, now, None, ci, pk, False))
+                for v, i, m, c, ci, pk in zip(
+                    values.to_pylist(),
+                    header["version_id"].tolist(),
+                    header["modifications_count"].tolist(),
+                    header["created_ms"].tolist(),
+                    client_identity.to_pylist(),
+                    partition_key.to_pylist(),
+                )
+            ]
+        return self._built
+
+    def __len__(self) -> int:
+        return len(self._columns[1])
+
+    @overload
+    def __getitem__(self, index: int) -> OpResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[OpResult]: ...
+
+    def __getitem__(self, index: int | slice) -> OpResult | list[OpResult]:
+        return self._results()[index]
+
+    def __iter__(self) -> Iterator[OpResult]:
+        return iter(self._results())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._results())
+
+
+#: Entries of at least this many plain puts are applied column by column; below it the
+#: fixed cost of the Arrow kernels exceeds the per-op loop's.
+_COLUMNAR_MIN_OPS = 16
+_KEY_CREATED = change_log.ChangeEvent.KEY_CREATED.value
+_KEY_MODIFIED = change_log.ChangeEvent.KEY_MODIFIED.value
+
+
+def _packed_binary(rows: np.ndarray) -> pa.BinaryArray:
+    """Each element of a numpy record array as one binary value: its packed bytes."""
+    width = rows.dtype.itemsize
+    fixed = pa.Array.from_buffers(pa.binary(width), len(rows), [None, pa.py_buffer(rows)])
+    return fixed.cast(pa.binary())
+
+
+def _concatenated(values: pa.BinaryArray) -> bytes:
+    """All values of a binary array back to back."""
+    offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
+    return values.buffers()[2][offsets[0] : offsets[-1]].to_pybytes()
+
+
+def _all_empty(lists: pa.ListArray) -> bool:
+    return not pc.max(pc.list_value_length(lists)).as_py()
+
+
+def _plain_puts(batch: pa.RecordBatch) -> bool:
+    """Whether every op of `batch` is a put without session, sequence or secondary index,
+    and there are enough of them for the columnar apply."""
+    n = batch.num_rows
+    return (
+        n >= _COLUMNAR_MIN_OPS
+        and pc.all(pc.equal(batch.column("op"), _PUT)).as_py()
+        and batch.column("session_id").null_count == n
+        and _all_empty(batch.column("sequence_key_delta"))
+        and _all_empty(batch.column("secondary_indexes"))
+    )
+
+
+def _stored_headers(stored: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each key exists, its record header; zeros where it does not)."""
+    records = pa.array(stored, pa.binary())
+    exists = pc.is_valid(records).to_numpy(zero_copy_only=False)
+    if not exists.any():
+        return exists, np.zeros(len(stored), _RECORD_HEADER)
+    records = records.fill_null(bytes(_HEADER.size))
+    if pc.any(pc.less(pc.binary_length(records), _HEADER.size)).as_py():
+        raise ValueError(f"a stored record is shorter than its {_HEADER.size}-byte header")
+    raw = pc.binary_slice(records, 0, _HEADER.size).cast(pa.binary(_HEADER.size))
+    return exists, np.frombuffer(_fixed_width_data(raw, _HEADER.size), _RECORD_HEADER, len(raw))
 
 
 def _pack_position(position: LogPosition) -> bytes:
@@ -559,6 +679,12 @@ class ShardStateMachine(ShardReader):
                     self._applied = position
                     results = decode_results(stored) if origin.serial == last else []
                     return EntryResult(entry.offset, results, duplicate=True)
+        if _plain_puts(batch):
+            applied_columnar = self._apply_plain_puts(
+                entry.offset, batch, now, position, origin, previous_serial
+            )
+            if applied_columnar is not None:
+                return applied_columnar
         columns = batch.to_pydict()
         ops = columns["op"]
         unknown = set(ops) - _KNOWN_OPS
@@ -696,30 +822,145 @@ class ShardStateMachine(ShardReader):
                 results.append(_OK)
 
         puts = [(k, v) for k, v in changes.items() if v is not None]
-        puts.append((APPLIED_KEY, _pack_position(position)))
-        puts.append((NEXT_VERSION_ID_KEY, _COUNTER.pack(next_version_id)))
         deletes = [k for k, v in changes.items() if v is None]
         internal_puts, internal_deletes = internal.writes()
         puts.extend(internal_puts)
         deletes.extend(internal_deletes)
-        if origin is not None:
+        self._write_entry(
+            entry.offset,
+            now,
+            position,
+            next_version_id,
+            (puts, deletes, ranges),
+            change_log.entry_changes(changes, stored, ranges, decode_record),
+            None if origin is None else (origin, encode_results(results), previous_serial),
+        )
+        return EntryResult(entry.offset, results)
+
+    def _write_entry(
+        self,
+        offset: int,
+        now: int,
+        position: LogPosition,
+        next_version_id: int,
+        writes: tuple[list[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, bytes]]],
+        change_batch: pa.RecordBatch | None,
+        serial: tuple[ClientSerial, bytes, bytes | None] | None,
+    ) -> None:
+        """Writes an entry's changes (`writes`: puts, deletes, delete ranges) in one atomic
+        batch with the applied position, version counter, change-log record and, for an
+        exactly-once write (`serial`: origin, encoded results, previous serial record),
+        the client's serial."""
+        puts, deletes, ranges = writes
+        puts.append((APPLIED_KEY, _pack_position(position)))
+        puts.append((NEXT_VERSION_ID_KEY, _COUNTER.pack(next_version_id)))
+        if serial is not None:
+            origin, results, previous_serial = serial
             serial_puts, serial_deletes = serial_changes(
-                self._store,
-                origin.client_id,
-                origin.serial,
-                now,
-                encode_results(results),
-                previous_serial,
+                self._store, origin.client_id, origin.serial, now, results, previous_serial
             )
             puts.extend(serial_puts)
             deletes.extend(serial_deletes)
-        change_batch = change_log.entry_changes(changes, stored, ranges, decode_record)
         change_puts, change_deletes = change_log.record_changes(
-            self._store, entry.offset, now, change_batch
+            self._store, offset, now, change_batch
         )
         puts.extend(change_puts)
         deletes.extend(change_deletes)
         self._store.write(puts, deletes, ranges)
         self._applied = position
         self._next_version_id = next_version_id
-        return EntryResult(entry.offset, results)
+
+    def _apply_plain_puts(
+        self,
+        offset: int,
+        batch: pa.RecordBatch,
+        now: int,
+        position: LogPosition,
+        origin: ClientSerial | None,
+        previous_serial: bytes | None,
+    ) -> EntryResult | None:
+        """The general loop's effect for an entry of plain puts, computed column by column
+        (bulk writes are such entries). None, having changed nothing, when an op needs
+        the loop: a key named twice, an expected version not met, or a record replaced
+        that has secondary index entries."""
+        n = batch.num_rows
+        keys = encode_keys(batch.column("key")).to_pylist()
+        if len(set(keys)) != n:
+            return None
+        exists, old = _stored_headers(self._store.multi_get(keys))
+        if (old["flags"] & _HAS_INDEXES).any():
+            return None
+        expected = batch.column("expected_version_id")
+        if expected.null_count < n:
+            conditional = pc.is_valid(expected).to_numpy(zero_copy_only=False)
+            current = np.where(exists, old["version_id"], VERSION_ID_NOT_EXISTS)
+            if (conditional & (expected.fill_null(0).to_numpy() != current)).any():
+                return None
+        client_identity = batch.column("client_identity").cast(pa.binary())
+        partition_key = batch.column("partition_key").cast(pa.binary())
+        value = batch.column("value").fill_null(b"")
+        header = np.zeros(n, _RECORD_HEADER)
+        header["version_id"] = np.arange(self._next_version_id, self._next_version_id + n)
+        header["modifications_count"] = np.where(exists, old["modifications_count"] + 1, 0)
+        header["created_ms"] = np.where(exists, old["created_ms"], now)
+        header["modified_ms"] = now
+        header["session_id"] = _NO_SESSION
+        header["flags"] = _HAS_CLIENT_IDENTITY * pc.is_valid(client_identity).to_numpy(
+            zero_copy_only=False
+        ) | _HAS_PARTITION_KEY * pc.is_valid(partition_key).to_numpy(zero_copy_only=False)
+        for column, strings in (
+            ("client_identity_length", client_identity),
+            ("partition_key_length", partition_key),
+        ):
+            header[column] = pc.binary_length(strings).fill_null(0).to_numpy()
+        records = pc.binary_join_element_wise(
+            _packed_binary(header),
+            client_identity.fill_null(b""),
+            partition_key.fill_null(b""),
+            value,
+            b"",
+        )
+        serial = None
+        if origin is not None:
+            result_header = np.zeros(n, _RESULT_HEADER)
+            result_header["status"] = Status.OK
+            result_header["flags"] = _RESULT_RECORD
+            result_header["length"] = pc.binary_length(records).to_numpy()
+            results = _COUNTER.pack(n) + _concatenated(
+                pc.binary_join_element_wise(_packed_binary(result_header), records, b"")
+            )
+            serial = (origin, results, previous_serial)
+        int64 = pa.int64()
+        changes = pa.RecordBatch.from_arrays(
+            [
+                batch.column("key"),
+                pa.array(np.full(n, Op.PUT, np.int8)),
+                value,
+                pa.array(header["version_id"], int64),
+                pa.array(header["modifications_count"], int64),
+                pa.array(header["created_ms"], int64),
+                pa.array(header["modified_ms"], int64),
+                pa.nulls(n, pa.string()),
+                pa.array(np.where(exists, _KEY_MODIFIED, _KEY_CREATED).astype(np.int8)),
+            ],
+            schema=change_log.CHANGES_SCHEMA,
+        )
+        self._write_entry(
+            offset,
+            now,
+            position,
+            self._next_version_id + n,
+            (list(zip(keys, records.to_pylist())), [], []),
+            changes,
+            serial,
+        )
+        return EntryResult(
+            offset,
+            _PutResults(
+                value,
+                header,
+                batch.column("client_identity"),
+                batch.column("partition_key"),
+                now,
+            ),
+        )
