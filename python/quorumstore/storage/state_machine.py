@@ -419,8 +419,8 @@ class _PutResults(Sequence[OpResult]):
 
 
 #: Entries of at least this many plain puts are applied column by column; below it the
-#: fixed cost of the Arrow kernels exceeds the per-op loop's.
-_COLUMNAR_MIN_OPS = 16
+#: fixed cost of the Arrow kernels exceeds the per-op loop's (the two meet near 100 ops here).
+_COLUMNAR_MIN_OPS = 128
 _KEY_CREATED = change_log.ChangeEvent.KEY_CREATED.value
 _KEY_MODIFIED = change_log.ChangeEvent.KEY_MODIFIED.value
 
