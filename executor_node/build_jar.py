@@ -28,6 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCES = HERE / "src" / "main" / "scala"
+#: Model checks of the provider's data structures (main methods), run by the Spark tests.
+CHECK_SOURCES = HERE / "src" / "test" / "scala"
 PROTO = ROOT / "proto" / "oxia_client.proto"
 JAR = HERE / "target" / "quorumstore-state-store.jar"
 #: Where the provider looks for the descriptor set (OxiaWire.DescriptorResource).
@@ -146,6 +148,13 @@ def build(force: bool = False) -> Path:
             write_descriptor_set(classes / DESCRIPTOR_RESOURCE)
             write_jar(classes, digest)
     return JAR
+
+
+def check_classpath(out: Path) -> str:
+    """Compiles the provider and its checks into `out`; the class path to run a check with."""
+    jars = pyspark_jars()
+    compile_scala([*scala_sources(), *sorted(CHECK_SOURCES.rglob("*.scala"))], jars, out)
+    return f"{out}{os.pathsep}{jars}{os.sep}*"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,54 +40,78 @@ object Bytes {
     align(16 + key.length) + align(16 + value.length) + 48
 
   private def align(n: Long): Long = (n + 7) & ~7L
+
+  /** Marks a removed key in a map of changes; compared by reference. */
+  val Tombstone: Array[Byte] = new Array[Byte](0)
+
+  /** Merges two sorted entry iterators; `overlay` wins on equal keys, tombstones are skipped. */
+  def merged(
+      base: java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]],
+      overlay: java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]])
+      : Iterator[JMap.Entry[Array[Byte], Array[Byte]]] = new Merged(base, overlay)
+
+  private final class Merged(
+      base: java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]],
+      overlay: java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]])
+    extends Iterator[JMap.Entry[Array[Byte], Array[Byte]]] {
+
+    private var b = nextOf(base)
+    private var o = nextOf(overlay)
+    private var pending: JMap.Entry[Array[Byte], Array[Byte]] = advance()
+
+    private def nextOf(it: java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]]) =
+      if (it.hasNext) it.next() else null
+
+    private def advance(): JMap.Entry[Array[Byte], Array[Byte]] = {
+      var result: JMap.Entry[Array[Byte], Array[Byte]] = null
+      while (result == null && (b != null || o != null)) {
+        val cmp = if (b == null) 1 else if (o == null) -1 else Order.compare(b.getKey, o.getKey)
+        if (cmp < 0) { result = b; b = nextOf(base) }
+        else {
+          if (cmp == 0) b = nextOf(base)
+          if (!(o.getValue eq Tombstone)) result = o
+          o = nextOf(overlay)
+        }
+      }
+      result
+    }
+
+    override def hasNext: Boolean = pending != null
+    override def next(): JMap.Entry[Array[Byte], Array[Byte]] = {
+      if (pending == null) throw new NoSuchElementException("no more state entries")
+      val current = pending
+      pending = advance()
+      current
+    }
+  }
 }
 
 /**
- * The committed state of a partition at one version: per column family, a sorted map of
+ * The committed state of a partition at one version: per column family, a FamilyMap of
  * encoded key -> encoded value. Changed only by loading and by applying a commit, both
  * under the provider's state lock; read concurrently by stores and maintenance.
  */
 final class StateMap extends Codec.Sink {
-  import Bytes.SortedBytes
+  private val families = new ConcurrentHashMap[String, FamilyMap]()
+  families.put(StateMap.DefaultFamily, new FamilyMap)
 
-  private val families = new ConcurrentHashMap[String, SortedBytes]()
-  families.put(StateMap.DefaultFamily, Bytes.newMap())
-  @volatile private var keys = 0L
-  @volatile private var heapBytes = 0L
-
-  def family(name: String): SortedBytes = families.get(name)
+  def family(name: String): FamilyMap = families.get(name)
   def familyNames: Set[String] = families.keySet().asScala.toSet
-  def numKeys: Long = keys
-  def estimatedHeapBytes: Long = heapBytes
+  def numKeys: Long = families.values().asScala.map(_.size).sum
+  def estimatedHeapBytes: Long = families.values().asScala.map(_.heapBytes).sum
 
-  override def createFamily(name: String): Unit = families.putIfAbsent(name, Bytes.newMap())
+  override def createFamily(name: String): Unit = families.putIfAbsent(name, new FamilyMap)
 
-  override def removeFamily(name: String): Unit = {
-    val removed = if (name == StateMap.DefaultFamily) families.put(name, Bytes.newMap())
-      else families.remove(name)
-    if (removed != null) {
-      removed.entrySet().asScala.foreach(e => forget(e.getKey, e.getValue))
-    }
-  }
+  override def removeFamily(name: String): Unit =
+    if (name == StateMap.DefaultFamily) families.put(name, new FamilyMap)
+    else families.remove(name)
 
-  override def put(family: String, key: Array[Byte], value: Array[Byte]): Unit = {
-    val previous = families.computeIfAbsent(family, _ => Bytes.newMap()).put(key, value)
-    if (previous != null) forget(key, previous)
-    keys += 1
-    heapBytes += Bytes.entryHeapBytes(key, value)
-  }
+  override def put(family: String, key: Array[Byte], value: Array[Byte]): Unit =
+    families.computeIfAbsent(family, _ => new FamilyMap).put(key, value)
 
   override def delete(family: String, key: Array[Byte]): Unit = {
     val map = families.get(family)
-    if (map != null) {
-      val previous = map.remove(key)
-      if (previous != null) forget(key, previous)
-    }
-  }
-
-  private def forget(key: Array[Byte], value: Array[Byte]): Unit = {
-    keys -= 1
-    heapBytes -= Bytes.entryHeapBytes(key, value)
+    if (map != null) map.remove(key)
   }
 
   /** The whole state as snapshot entries: family creations, then every key. */
@@ -95,8 +119,7 @@ final class StateMap extends Codec.Sink {
     val names = familyNames.toSeq.sorted
     names.filter(_ != StateMap.DefaultFamily).foreach(out.createFamily)
     names.foreach { name =>
-      val it = families.get(name).entrySet().iterator()
-      while (it.hasNext) { val e = it.next(); out.put(name, e.getKey, e.getValue) }
+      families.get(name).range(None, None).foreach(e => out.put(name, e.getKey, e.getValue))
     }
   }
 }

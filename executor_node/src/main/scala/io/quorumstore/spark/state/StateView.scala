@@ -12,8 +12,7 @@ import scala.jdk.CollectionConverters._
  * aborting is just dropping the view, and a commit ships exactly these changes.
  */
 final class StateView(val base: StateMap) {
-  import Bytes.SortedBytes
-  import StateView.Tombstone
+  import Bytes.{SortedBytes, Tombstone}
 
   private val overlays = new ConcurrentHashMap[String, SortedBytes]()
   // Families removed during the batch: their base content is invisible from then on.
@@ -30,7 +29,7 @@ final class StateView(val base: StateMap) {
   def familyNames: Set[String] =
     (base.familyNames -- removed -- cleared) ++ created
 
-  private def baseFamily(family: String): SortedBytes =
+  private def baseFamily(family: String): FamilyMap =
     if (cleared.contains(family)) null else base.family(family)
 
   def get(family: String, key: Array[Byte]): Array[Byte] = {
@@ -71,8 +70,8 @@ final class StateView(val base: StateMap) {
       : Iterator[JMap.Entry[Array[Byte], Array[Byte]]] = {
     val b = baseFamily(family)
     val baseIt = if (b == null) java.util.Collections.emptyIterator[JMap.Entry[Array[Byte],
-      Array[Byte]]]() else Bytes.range(b, from, to)
-    new StateView.Merged(baseIt, Bytes.range(overlay(family), from, to))
+      Array[Byte]]]() else b.range(from, to).asJava
+    Bytes.merged(baseIt, Bytes.range(overlay(family), from, to))
   }
 
   /** Number of keys changed (put or removed) in this batch. */
@@ -91,47 +90,6 @@ final class StateView(val base: StateMap) {
           else out.put(family, e.getKey, e.getValue)
         }
       }
-    }
-  }
-}
-
-object StateView {
-  /** Marks a key removed in the batch; compared by reference. */
-  private val Tombstone = new Array[Byte](0)
-
-  /** Merges the base and overlay iterators; the overlay wins, tombstones are skipped. */
-  private final class Merged(
-      base: java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]],
-      overlay: java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]])
-    extends Iterator[JMap.Entry[Array[Byte], Array[Byte]]] {
-
-    private var b = nextOf(base)
-    private var o = nextOf(overlay)
-    private var pending: JMap.Entry[Array[Byte], Array[Byte]] = advance()
-
-    private def nextOf(it: java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]]) =
-      if (it.hasNext) it.next() else null
-
-    private def advance(): JMap.Entry[Array[Byte], Array[Byte]] = {
-      var result: JMap.Entry[Array[Byte], Array[Byte]] = null
-      while (result == null && (b != null || o != null)) {
-        val cmp = if (b == null) 1 else if (o == null) -1 else Bytes.Order.compare(b.getKey, o.getKey)
-        if (cmp < 0) { result = b; b = nextOf(base) }
-        else {
-          if (cmp == 0) b = nextOf(base)
-          if (!(o.getValue eq Tombstone)) result = o
-          o = nextOf(overlay)
-        }
-      }
-      result
-    }
-
-    override def hasNext: Boolean = pending != null
-    override def next(): JMap.Entry[Array[Byte], Array[Byte]] = {
-      if (pending == null) throw new NoSuchElementException("no more state entries")
-      val current = pending
-      pending = advance()
-      current
     }
   }
 }

@@ -1,0 +1,35 @@
+"""Model checks of the state-store provider's Scala data structures (executor_node/src/test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BUILD_JAR = Path(__file__).resolve().parents[2] / "executor_node" / "build_jar.py"
+
+
+@pytest.fixture(scope="module")
+def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
+    spec = importlib.util.spec_from_file_location("build_jar", BUILD_JAR)
+    assert spec is not None and spec.loader is not None
+    build_jar = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_jar)
+    return build_jar.check_classpath(tmp_path_factory.mktemp("classes"))
+
+
+def test_family_map_matches_a_sorted_map_model(classpath: str) -> None:
+    java = shutil.which("java")
+    assert java is not None, "a JDK is needed for the Spark tier"
+    result = subprocess.run(
+        [java, "-cp", classpath, "io.quorumstore.spark.state.FamilyMapCheck"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FamilyMapCheck ok: 200 seeds" in result.stdout
