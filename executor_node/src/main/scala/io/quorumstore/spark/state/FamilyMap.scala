@@ -19,6 +19,10 @@ private final class PackedRun(data: Array[Byte], starts: Array[Int]) {
   def key(i: Int): Array[Byte] = Arrays.copyOfRange(data, starts(2 * i), starts(2 * i + 1))
   def value(i: Int): Array[Byte] = Arrays.copyOfRange(data, starts(2 * i + 1), starts(2 * i + 2))
 
+  /** Appends entry i to `out` without copying it out first. */
+  def copyTo(i: Int, out: PackedRunBuilder): Unit =
+    out.add(data, starts(2 * i), starts(2 * i + 1), starts(2 * i + 2))
+
   /** The first entry whose key is >= `key` (`size` when there is none). */
   def lowerBound(key: Array[Byte]): Int = {
     var lo = 0
@@ -45,6 +49,14 @@ private final class PackedRunBuilder(runBytes: Int) {
     data.write(key, 0, key.length)
     starts += data.size()
     data.write(value, 0, value.length)
+  }
+
+  /** Adds the entry whose key is bytes[keyStart, valueStart) and value bytes[valueStart, end). */
+  def add(bytes: Array[Byte], keyStart: Int, valueStart: Int, end: Int): Unit = {
+    if (data.size() > 0 && data.size() + end - keyStart > runBytes) cut()
+    starts += data.size()
+    starts += data.size() + valueStart - keyStart
+    data.write(bytes, keyStart, end - keyStart)
   }
 
   private def cut(): Unit = {
@@ -94,17 +106,25 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
 
   def containsKey(key: Array[Byte]): Boolean = get(key) != null
 
-  /** Puts `value` at `key`; the previous value, or null. */
-  def put(key: Array[Byte], value: Array[Byte]): Array[Byte] = {
-    val previous = get(key)
-    remember(key, layers.recent.put(key, value), value)
+  /**
+   * Puts `value` at `key`; the previous value, or null. With `compactWhenDue` false (a bulk
+   * load, which calls `compact` at its end) `recent` grows without bound.
+   */
+  def put(key: Array[Byte], value: Array[Byte], compactWhenDue: Boolean = true): Array[Byte] = {
+    val l = layers
+    val replaced = l.recent.put(key, value)
+    remember(key, replaced, value)
+    val previous =
+      if (replaced eq Bytes.Tombstone) null
+      else if (replaced != null) replaced
+      else FamilyMap.baseGet(l.base, key)
     if (previous == null) entries += 1
-    maybeCompact()
+    if (compactWhenDue) maybeCompact()
     previous
   }
 
-  /** Removes `key`; its value, or null when it had none. */
-  def remove(key: Array[Byte]): Array[Byte] = {
+  /** Removes `key`; its value, or null when it had none. See `put` for `compactWhenDue`. */
+  def remove(key: Array[Byte], compactWhenDue: Boolean = true): Array[Byte] = {
     val l = layers
     val previous = get(key)
     if (previous != null) {
@@ -114,7 +134,7 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
         remember(key, l.recent.remove(key), null)
       }
       entries -= 1
-      maybeCompact()
+      if (compactWhenDue) maybeCompact()
     }
     previous
   }
@@ -136,11 +156,25 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
     if (recent.size() > math.max(minCompaction.toLong, baseEntries / 4)) compact()
   }
 
-  /** Merges `recent` into new base runs, in one pass over both. */
-  def compact(): Unit = {
+  /** Merges `recent` into new base runs, in one pass over both (nothing to do if empty). */
+  def compact(): Unit = if (!layers.recent.isEmpty) {
     val builder = new PackedRunBuilder(runBytes)
     var count = 0L
-    range(None, None).foreach { e => builder.add(e.getKey, e.getValue); count += 1 }
+    val changes = layers.recent.entrySet().iterator()
+    var change = if (changes.hasNext) changes.next() else null
+    def addChange(): Unit = {
+      if (!(change.getValue eq Bytes.Tombstone)) {
+        builder.add(change.getKey, change.getValue)
+        count += 1
+      }
+      change = if (changes.hasNext) changes.next() else null
+    }
+    for (run <- layers.base; i <- 0 until run.size) {
+      while (change != null && run.compareKey(i, change.getKey) > 0) addChange()
+      if (change != null && run.compareKey(i, change.getKey) == 0) addChange() // replaces it
+      else { run.copyTo(i, builder); count += 1 }
+    }
+    while (change != null) addChange()
     val base = builder.result()
     layers = Layers(base, Bytes.newMap())
     baseEntries = count

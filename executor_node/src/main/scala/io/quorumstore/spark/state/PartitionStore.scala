@@ -95,10 +95,11 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
       case None =>
         val s = lineage.indexWhere(p => p._1 > 0 && snapshots.contains(p))
         if (s >= 0) (s, readSnapshot(lineage(s), snapshots(lineage(s))), Some(lineage(s)._1))
-        else if (lineage.last._1 == 0) (lineage.size - 1, new StateMap, None)
+        else if (lineage.last._1 == 0) (lineage.size - 1, new StateMap(loading = true), None)
         else missing(version, s"no snapshot and no delta for version ${lineage.last._1}")
     }
     applyDeltas(lineage.take(startAt), deltas, base)
+    base.finishLoading()
     Loaded(LocalCopy(version, target._2, base), fromStore = true, snapshotVersion)
   }
 
@@ -108,7 +109,7 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
     if (chunks.size != header.chunks) {
       missing(at._1, s"snapshot ${at._2} has ${chunks.size} of ${header.chunks} chunks")
     }
-    val map = new StateMap
+    val map = new StateMap(loading = true)
     chunks.foreach(c => Codec.readChunk(c.value, map))
     map
   }

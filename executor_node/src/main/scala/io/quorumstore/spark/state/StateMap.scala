@@ -90,8 +90,13 @@ object Bytes {
  * The committed state of a partition at one version: per column family, a FamilyMap of
  * encoded key -> encoded value. Changed only by loading and by applying a commit, both
  * under the provider's state lock; read concurrently by stores and maintenance.
+ *
+ * A map made `loading` (a bulk load from the store) defers every compaction to
+ * `finishLoading`, which packs each family once.
  */
-final class StateMap extends Codec.Sink {
+final class StateMap(loading: Boolean = false) extends Codec.Sink {
+  @volatile private var bulk = loading
+
   private val families = new ConcurrentHashMap[String, FamilyMap]()
   families.put(StateMap.DefaultFamily, new FamilyMap)
 
@@ -107,11 +112,17 @@ final class StateMap extends Codec.Sink {
     else families.remove(name)
 
   override def put(family: String, key: Array[Byte], value: Array[Byte]): Unit =
-    families.computeIfAbsent(family, _ => new FamilyMap).put(key, value)
+    families.computeIfAbsent(family, _ => new FamilyMap).put(key, value, compactWhenDue = !bulk)
 
   override def delete(family: String, key: Array[Byte]): Unit = {
     val map = families.get(family)
-    if (map != null) map.remove(key)
+    if (map != null) map.remove(key, compactWhenDue = !bulk)
+  }
+
+  /** Ends a bulk load: packs every family, then compacts as usual. */
+  def finishLoading(): Unit = if (bulk) {
+    families.values().asScala.foreach(_.compact())
+    bulk = false
   }
 
   /** The whole state as snapshot entries: family creations, then every key. */
