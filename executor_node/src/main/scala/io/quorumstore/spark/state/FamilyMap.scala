@@ -77,7 +77,7 @@ private final class PackedRunBuilder(runBytes: Int) {
  *
  * Most entries live in `base`, packed sorted runs; changes since the last compaction live in
  * `recent`, a skip list in which a removed base key maps to `Bytes.Tombstone`. When `recent`
- * outgrows a quarter of the base (and `minCompaction`), both are merged into new runs in one
+ * outgrows an eighth of the base (and `minCompaction`), both are merged into new runs in one
  * linear pass. Writes come from one thread at a time (the provider's state lock); reads may
  * run concurrently and see a consistent (base, recent) pair, each iterator being weakly
  * consistent like a ConcurrentSkipListMap's.
@@ -153,7 +153,7 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
 
   private def maybeCompact(): Unit = {
     val recent = layers.recent
-    if (recent.size() > math.max(minCompaction.toLong, baseEntries / 4)) compact()
+    if (recent.size() > math.max(minCompaction.toLong, baseEntries / 8)) compact()
   }
 
   /** Merges `recent` into new base runs, in one pass over both (nothing to do if empty). */
@@ -184,8 +184,10 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
 }
 
 object FamilyMap {
-  /** `recent` is compacted once it holds more than this many keys and a quarter of the base. */
-  val MinCompaction: Int = 16384
+  /** `recent` is compacted once it holds more than this many keys and an eighth of the base:
+   * a skip-list entry costs ~100 bytes more than a packed one, so `recent` stays a small part
+   * of the memory, while a compaction (one copy of the base) comes at most every base/8 writes. */
+  val MinCompaction: Int = 8192
   /** Bytes of keys and values per packed run (a run is one array). */
   val RunBytes: Int = 8 << 20
 
