@@ -16,7 +16,7 @@ from quorumstore.storage.change_log import (
 )
 from quorumstore.storage.keys import INTERNAL_PREFIX, compare_keys, encode_key
 from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
-from quorumstore.storage.state_machine import ShardStateMachine, decode_record
+from quorumstore.storage.state_machine import ShardStateMachine
 from quorumstore.storage.write_batch import ClientSerial, Op, WriteBatchBuilder
 
 T0 = 1_700_000_000_000
@@ -231,7 +231,7 @@ def test_retention_expires_old_records_by_entry_time_deterministically() -> None
 
 
 def test_an_unknown_record_format_is_an_error() -> None:
-    rows = change_log.entry_changes({encode_key("k"): None}, {}, [], decode_record)
+    rows = change_log.entry_changes({encode_key("k"): None}, {}, [], {})
     assert rows is not None
     data = bytearray(change_log.encode(T0, rows))
     data[8] = 99

@@ -16,6 +16,7 @@ from quorumstore.storage.keys import (
     decode_key,
     decode_keys,
     encode_key,
+    encode_key_list,
     encode_keys,
     key_range,
 )
@@ -98,6 +99,12 @@ def test_vectorised_encoding_matches_scalar(keys: list[str]) -> None:
     assert encoded.type == pa.binary()
     assert encoded.to_pylist() == [encode_key(k) for k in keys]
     assert decode_keys(encoded).to_pylist() == keys
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(keys_st, min_size=600, max_size=700) | st.lists(keys_st, max_size=20))
+def test_key_list_encoding_matches_scalar_on_both_paths(keys: list[str]) -> None:
+    assert encode_key_list(pa.array(keys, pa.string())) == [encode_key(k) for k in keys]
 
 
 def test_vectorised_encoding_keeps_nulls_and_slices() -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 import pyarrow as pa
@@ -113,14 +113,15 @@ def entry_changes(
     changes: Mapping[bytes, bytes | None],
     stored: Mapping[bytes, bytes | None],
     ranges: Sequence[tuple[bytes, bytes]],
-    decode_record: Callable[[bytes], _Version],
+    versions: Mapping[bytes, tuple[str, _Version]],
 ) -> pa.RecordBatch | None:
     """The CHANGES_SCHEMA batch of what one entry did; None if it changed nothing.
 
     The arguments are the state machine's view of the entry once its ops ran:
     `changes`, encoded key -> new record or None (deleted); `stored`, the records the
     point ops found before the entry (None: absent); `ranges`, the encoded ranges it
-    deleted; and how to decode a record. The rows are the deleted ranges, then the
+    deleted; and `versions`, for each key written, its user key and the record the
+    apply built (so nothing is decoded back here). The rows are the deleted ranges, then the
     deleted keys that existed before, then the written keys: applying them in order
     reproduces the entry's effect, as the KV's own atomic write does (ranges, deletes,
     puts). Built from plain lists: entries are mostly small, where Arrow kernels would
@@ -140,12 +141,10 @@ def entry_changes(
             ops.append(Op.DELETE.value)
             events.append(ChangeEvent.KEY_DELETED.value)
     removed = len(keys)
-    written = [
-        (key, decode_record(record)) for key, record in changes.items() if record is not None
-    ]
+    written = [versions[key] for key, record in changes.items() if record is not None]
     if removed + len(written) == 0:
         return None
-    keys += [decode_key(key) for key, _ in written]
+    keys += [key for key, _ in written]
     ends += [None] * len(written)
     ops += [Op.PUT.value] * len(written)
     created, modified = ChangeEvent.KEY_CREATED.value, ChangeEvent.KEY_MODIFIED.value

@@ -36,7 +36,7 @@ from quorumstore.storage.keys import (
     decode_key,
     decode_keys,
     encode_key,
-    encode_keys,
+    encode_key_list,
     key_range,
 )
 from quorumstore.storage.kv import KvReader, KvStore
@@ -690,13 +690,15 @@ class ShardStateMachine(ShardReader):
         unknown = set(ops) - _KNOWN_OPS
         if unknown:
             raise ValueError(f"entry at offset {entry.offset} holds unknown ops {sorted(unknown)}")
-        keys = encode_keys(batch.column("key")).to_pylist()
+        keys = encode_key_list(batch.column("key"))
 
         # Stored state of every key a point op touches, read once; `changes` overlays
         # what earlier ops of this batch did (None: deleted).
         point_keys = list(dict.fromkeys(k for op, k in zip(ops, keys) if op != _DELETE_RANGE))
         stored = dict(zip(point_keys, self._store.multi_get(point_keys)))
         changes: dict[bytes, bytes | None] = {}
+        # User key and record of each key put, for the change log.
+        versions: dict[bytes, tuple[str, Record]] = {}
         ranges: list[tuple[bytes, bytes]] = []
         # Sessions, secondary indexes and sequences, under internal keys.
         internal = InternalOverlay(self._store)
@@ -807,6 +809,7 @@ class ShardStateMachine(ShardReader):
                 )
                 next_version_id += 1
                 changes[key] = encode_record(record)
+                versions[key] = (plain_key if assigned is None else assigned, record)
                 if session_id is not None:
                     sessions.add_ephemeral_key(internal, session_id, key)
                 if indexes or was_indexed:
@@ -832,7 +835,7 @@ class ShardStateMachine(ShardReader):
             position,
             next_version_id,
             (puts, deletes, ranges),
-            change_log.entry_changes(changes, stored, ranges, decode_record),
+            change_log.entry_changes(changes, stored, ranges, versions),
             None if origin is None else (origin, encode_results(results), previous_serial),
         )
         return EntryResult(entry.offset, results)
@@ -884,7 +887,7 @@ class ShardStateMachine(ShardReader):
         the loop: a key named twice, an expected version not met, or a record replaced
         that has secondary index entries."""
         n = batch.num_rows
-        keys = encode_keys(batch.column("key")).to_pylist()
+        keys = encode_key_list(batch.column("key"))
         if len(set(keys)) != n:
             return None
         exists, old = _stored_headers(self._store.multi_get(keys))
