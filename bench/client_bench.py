@@ -38,6 +38,7 @@ import oxia
 from replication_bench import NODES, QuorumstoreCluster
 
 from quorumstore import AsyncClient, Client
+from quorumstore.testing import official_oxia_client
 
 VALUE_BYTES = 100
 WARMUP_S = 1.0
@@ -46,7 +47,6 @@ WORKLOADS = {"80% get / 20% put": 0.8, "100% put": 0.0}
 #: How long closing the official client may take: its close() can hang joining its
 #: discovery thread (see tests/process/conftest.py), so it is closed in the background.
 OXIA_CLOSE_WAIT_S = 5.0
-OXIA_CONNECT_ATTEMPTS = 3
 
 
 def _value() -> bytes:
@@ -144,18 +144,7 @@ def _close_oxia(client: oxia.Client) -> None:
 
 
 def _open_oxia(address: str) -> oxia.Client:
-    """The official client, retried on its start-up race (see tests/process/test_official_oxia_client.py).
-
-    Under CPU load oxia 0.2.1's discovery thread can receive the first map before the
-    constructor created the barrier it signals; the constructor then gives up after
-    30 s with RuntimeError. A new client gets a new chance.
-    """
-    for _ in range(OXIA_CONNECT_ATTEMPTS - 1):
-        try:
-            return oxia.Client(address)
-        except RuntimeError:
-            continue
-    return oxia.Client(address)
+    return official_oxia_client(address)
 
 
 def bench_oxia(address: str, args: argparse.Namespace) -> dict[str, float]:

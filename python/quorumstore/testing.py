@@ -1,7 +1,7 @@
 """A `quorumstore standalone` server in a child process, for tests, benchmarks and examples.
 
-    with standalone_server(tmp_dir, shards=4, fsync=False) as address:
-        client = quorumstore.Client(address)
+with standalone_server(tmp_dir, shards=4, fsync=False) as address:
+    client = quorumstore.Client(address)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 _LISTENING = re.compile(r"quorumstore standalone listening on (\S+:\d+)")
 #: Lines of the server's output kept for the error when it does not start.
@@ -65,3 +66,25 @@ def standalone_server(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+#: Constructions of the official client tried before giving up (see official_oxia_client).
+OFFICIAL_CLIENT_ATTEMPTS = 3
+
+
+def official_oxia_client(address: str, **options: Any) -> Any:
+    """The official `oxia` client (unmodified) for `address`, retried on its start-up race.
+
+    oxia 0.2.1's ServiceDiscovery starts its assignments thread before it creates the
+    barrier that thread signals. When the first shard map arrives first (seen under CPU
+    load), the thread dies with AttributeError and the constructor gives up after 30 s
+    with RuntimeError. No server can prevent it; a new client gets a new chance.
+    """
+    import oxia  # a test dependency, not one of quorumstore's
+
+    for _ in range(OFFICIAL_CLIENT_ATTEMPTS - 1):
+        try:
+            return oxia.Client(address, **options)
+        except RuntimeError:
+            continue
+    return oxia.Client(address, **options)

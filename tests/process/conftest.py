@@ -38,6 +38,7 @@ import xxhash
 
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
+from quorumstore.testing import official_oxia_client
 
 T = TypeVar("T")
 
@@ -500,7 +501,7 @@ class LocalCluster:
         oxia 0.2.1 cannot follow a changing shard map, so nodes serve it in gateway mode
         (quorumstore.node.forwarding): its bootstrap node relays each call to the leader.
         """
-        return oxia.Client(node or self.live_nodes()[0])
+        return official_oxia_client(node or self.live_nodes()[0])
 
     def log_tails(self, chars: int = 2500) -> str:
         parts = [f"----- {p.name} ({p.log_path.name}) -----\n{p.log_tail(chars)}" for p in [self.coordinator, *self._processes.values()]]

@@ -30,12 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import oxia
 import pytest
 
 from quorumstore.storage.kv import RocksKv
 from quorumstore.storage.state_machine import ShardReader
 from quorumstore.storage.wal import Wal
+from quorumstore.testing import official_oxia_client
 
 if TYPE_CHECKING:  # conftest's classes, for annotations only (fixtures hand out the objects)
     from conftest import LocalCluster, WriteLoad
@@ -272,7 +272,7 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
         children = _children_of(process.pid)
         assert len(children) == nodes + 1, f"expected {nodes} nodes and a coordinator, found children {children}"
 
-        with oxia.Client(client_address.group(1)) as client:
+        with official_oxia_client(client_address.group(1)) as client:
             for i in range(20):
                 client.put(f"/cli/{i}", f"value-{i}")
             assert [client.get(f"/cli/{i}")[1] for i in range(20)] == [f"value-{i}".encode() for i in range(20)]

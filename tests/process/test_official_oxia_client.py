@@ -25,11 +25,11 @@ import pytest
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.storage.keys import compare_keys
+from quorumstore.testing import official_oxia_client
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
 
 SHARDS = 3
-CLIENT_ATTEMPTS = 3
 STARTUP_TIMEOUT_S = 60
 LISTENING = re.compile(r"(?:quorumstore standalone listening on|client address:) (\S+:\d+)")
 
@@ -116,19 +116,7 @@ def standalone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 def _connect(address: str) -> oxia.Client:
-    """An official client, retried on the start-up race of oxia 0.2.1.
-
-    Its ServiceDiscovery starts the assignments thread before it creates the barrier
-    that thread signals; when the first map arrives first (seen under CPU load), the
-    thread dies with AttributeError and the constructor gives up after 30 s with
-    RuntimeError. Nothing a server can do about it; a new client gets a new chance.
-    """
-    for _ in range(CLIENT_ATTEMPTS - 1):
-        try:
-            return oxia.Client(address)
-        except RuntimeError:
-            continue
-    return oxia.Client(address)
+    return official_oxia_client(address)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from conftest import LocalCluster, poll_until
 from quorumstore.node.client_api import CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
+from quorumstore.testing import official_oxia_client
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -40,14 +41,7 @@ SESSION_TIMEOUT_MS = 5_000
 
 
 def connect(address: str, **options: Any) -> oxia.Client:
-    """An unmodified official client; retried on its start-up race (see
-    test_official_oxia_client._connect)."""
-    for _ in range(2):
-        try:
-            return oxia.Client(address, **options)
-        except RuntimeError:
-            continue
-    return oxia.Client(address, **options)
+    return official_oxia_client(address, **options)
 
 
 def retried(call: Callable[[], T], timeout_s: float = FAILOVER_S) -> T:
