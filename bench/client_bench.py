@@ -143,12 +143,8 @@ def _close_oxia(client: oxia.Client) -> None:
     closer.join(OXIA_CLOSE_WAIT_S)
 
 
-def _open_oxia(address: str) -> oxia.Client:
-    return official_oxia_client(address)
-
-
 def bench_oxia(address: str, args: argparse.Namespace) -> dict[str, float]:
-    client = _open_oxia(address)
+    client = official_oxia_client(address)
     try:
         keys = _keys("oxia", args.keys)
         _preload_threads(client.put, keys, args.callers)

@@ -115,13 +115,9 @@ def standalone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         process.stdout.close()
 
 
-def _connect(address: str) -> oxia.Client:
-    return official_oxia_client(address)
-
-
 @pytest.fixture(scope="module")
 def module_client(standalone: str) -> Iterator[oxia.Client]:
-    client = _connect(standalone)
+    client = official_oxia_client(standalone)
     yield client
     client.close()
 

@@ -40,10 +40,6 @@ RPC_TIMEOUT_S = 5.0
 SESSION_TIMEOUT_MS = 5_000
 
 
-def connect(address: str, **options: Any) -> oxia.Client:
-    return official_oxia_client(address, **options)
-
-
 def retried(call: Callable[[], T], timeout_s: float = FAILOVER_S) -> T:
     """`call()` until it does not raise an RPC-level error (the client never retries)."""
     deadline = time.monotonic() + timeout_s
@@ -87,7 +83,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def client(cluster: LocalCluster) -> Iterator[oxia.Client]:
-    c = connect(cluster.nodes[0], session_timeout_ms=SESSION_TIMEOUT_MS)
+    c = official_oxia_client(cluster.nodes[0], session_timeout_ms=SESSION_TIMEOUT_MS)
     yield c
     c.close()
 
@@ -96,7 +92,7 @@ def client(cluster: LocalCluster) -> Iterator[oxia.Client]:
 
 
 def _gone(address: str, key: str) -> bool:
-    with connect(address) as reader:
+    with official_oxia_client(address) as reader:
         try:
             reader.get(key)
         except oxia.ex.KeyNotFound:
@@ -107,7 +103,7 @@ def _gone(address: str, key: str) -> bool:
 def test_ephemeral_record_lives_while_keep_alives_flow_and_vanishes_on_close(
     cluster: LocalCluster,
 ) -> None:
-    owner = connect(cluster.nodes[1], session_timeout_ms=SESSION_TIMEOUT_MS)
+    owner = official_oxia_client(cluster.nodes[1], session_timeout_ms=SESSION_TIMEOUT_MS)
     key, version = owner.put("/eph/closed", b"mine", ephemeral=True)
     assert version.is_ephemeral() and version.session_id() is not None
 
@@ -421,7 +417,7 @@ def test_notifications_continue_without_gaps_or_duplicates_across_a_leader_kill(
 ) -> None:
     cluster = make_cluster(nodes=3, shards=1)
     leader, gateway = _leader_and_gateway(cluster, 0)
-    client = connect(gateway)
+    client = official_oxia_client(gateway)
     notifications = client.get_notifications()
     received: list[oxia.defs.Notification] = []
 

@@ -286,19 +286,15 @@ def _fixed_width_data(array: pa.Array, width: int) -> pa.Buffer:
     return array.buffers()[1].slice(array.offset * width)
 
 
-def _header_integers(
-    records: pa.BinaryArray, at: int, width: int, count: int, dtype: str
-) -> np.ndarray:
-    """The `count` integers of `width` bytes at byte `at` of every record, as an (n, count)
-    array viewing one copy of those header bytes.
+def _record_headers(records: pa.BinaryArray) -> np.ndarray:
+    """The header of every record (all at least _HEADER.size bytes), as numpy records
+    viewing one copy of those bytes.
 
     The bytes are reinterpreted in place, so this relies on Arrow's native byte order
     being little-endian, as on every platform quorumstore runs on.
     """
-    span = width * count
-    raw = pc.binary_slice(records, at, at + span).cast(pa.binary(span))
-    data = _fixed_width_data(raw, span)
-    return np.frombuffer(data, dtype, len(raw) * count).reshape(len(raw), count)
+    raw = pc.binary_slice(records, 0, _HEADER.size).cast(pa.binary(_HEADER.size))
+    return np.frombuffer(_fixed_width_data(raw, _HEADER.size), _RECORD_HEADER, len(raw))
 
 
 def _record_suffixes(records: pa.BinaryArray, starts: np.ndarray) -> pa.BinaryArray:
@@ -342,11 +338,11 @@ def _records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
     records = pa.array(values, pa.binary())
     if pc.any(pc.less(pc.binary_length(records), _HEADER.size)).as_py():
         raise ValueError(f"a record is shorter than its {_HEADER.size}-byte header")
-    versions = _header_integers(records, 0, 8, 4, "<i8")
-    fields = [pa.array(np.ascontiguousarray(versions[:, i])) for i in range(4)]
-    string_lengths = _header_integers(records, _HEADER.size - 8, 4, 2, "<u4")
+    header = _record_headers(records)
+    fields = [pa.array(header[name], pa.int64()) for name in SCAN_SCHEMA.names[2:]]
+    string_lengths = header["client_identity_length"] + header["partition_key_length"]
     if string_lengths.any():  # client identities or partition keys precede some values
-        value = _record_suffixes(records, _HEADER.size + string_lengths.sum(axis=1))
+        value = _record_suffixes(records, _HEADER.size + string_lengths)
     else:
         value = pc.binary_slice(records, _HEADER.size, _BINARY_END)
     key = decode_keys(pa.array(keys, pa.binary()))
@@ -464,8 +460,7 @@ def _stored_headers(stored: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]
     records = records.fill_null(bytes(_HEADER.size))
     if pc.any(pc.less(pc.binary_length(records), _HEADER.size)).as_py():
         raise ValueError(f"a stored record is shorter than its {_HEADER.size}-byte header")
-    raw = pc.binary_slice(records, 0, _HEADER.size).cast(pa.binary(_HEADER.size))
-    return exists, np.frombuffer(_fixed_width_data(raw, _HEADER.size), _RECORD_HEADER, len(raw))
+    return exists, _record_headers(records)
 
 
 def _pack_position(position: LogPosition) -> bytes:

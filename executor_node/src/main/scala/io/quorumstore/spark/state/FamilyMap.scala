@@ -88,13 +88,10 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
 
   @volatile private var layers = Layers(IndexedSeq.empty, Bytes.newMap())
   private var entries = 0L
-  private var baseEntries = 0L
-  private var baseHeap = 0L
   private var recentHeap = 0L
 
   def size: Long = entries
-  def isEmpty: Boolean = entries == 0
-  def heapBytes: Long = baseHeap + recentHeap
+  def heapBytes: Long = layers.baseHeap + recentHeap
 
   def get(key: Array[Byte]): Array[Byte] = {
     val l = layers
@@ -126,9 +123,11 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
   /** Removes `key`; its value, or null when it had none. See `put` for `compactWhenDue`. */
   def remove(key: Array[Byte], compactWhenDue: Boolean = true): Array[Byte] = {
     val l = layers
-    val previous = get(key)
+    val based = FamilyMap.baseGet(l.base, key)
+    val changed = l.recent.get(key)
+    val previous = if (changed eq Bytes.Tombstone) null else if (changed != null) changed else based
     if (previous != null) {
-      if (FamilyMap.baseGet(l.base, key) != null) {
+      if (based != null) {
         remember(key, l.recent.put(key, Bytes.Tombstone), Bytes.Tombstone)
       } else {
         remember(key, l.recent.remove(key), null)
@@ -153,32 +152,27 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
 
   private def maybeCompact(): Unit = {
     val recent = layers.recent
-    if (recent.size() > math.max(minCompaction.toLong, baseEntries / 8)) compact()
+    if (recent.size() > math.max(minCompaction.toLong, layers.baseEntries / 8)) compact()
   }
 
   /** Merges `recent` into new base runs, in one pass over both (nothing to do if empty). */
   def compact(): Unit = if (!layers.recent.isEmpty) {
     val builder = new PackedRunBuilder(runBytes)
-    var count = 0L
     val changes = layers.recent.entrySet().iterator()
     var change = if (changes.hasNext) changes.next() else null
     def addChange(): Unit = {
-      if (!(change.getValue eq Bytes.Tombstone)) {
-        builder.add(change.getKey, change.getValue)
-        count += 1
-      }
+      if (!(change.getValue eq Bytes.Tombstone)) builder.add(change.getKey, change.getValue)
       change = if (changes.hasNext) changes.next() else null
     }
+    // base entry vs the next change: > 0 the change comes first, 0 it replaces the entry
+    def order(run: PackedRun, i: Int): Int = if (change == null) -1 else run.compareKey(i, change.getKey)
     for (run <- layers.base; i <- 0 until run.size) {
-      while (change != null && run.compareKey(i, change.getKey) > 0) addChange()
-      if (change != null && run.compareKey(i, change.getKey) == 0) addChange() // replaces it
-      else { run.copyTo(i, builder); count += 1 }
+      var cmp = order(run, i)
+      while (cmp > 0) { addChange(); cmp = order(run, i) }
+      if (cmp == 0) addChange() else run.copyTo(i, builder)
     }
     while (change != null) addChange()
-    val base = builder.result()
-    layers = Layers(base, Bytes.newMap())
-    baseEntries = count
-    baseHeap = base.map(_.heapBytes).sum
+    layers = Layers(builder.result(), Bytes.newMap())
     recentHeap = 0L
   }
 }
@@ -191,7 +185,10 @@ object FamilyMap {
   /** Bytes of keys and values per packed run (a run is one array). */
   val RunBytes: Int = 8 << 20
 
-  private final case class Layers(base: IndexedSeq[PackedRun], recent: Bytes.SortedBytes)
+  private final case class Layers(base: IndexedSeq[PackedRun], recent: Bytes.SortedBytes) {
+    val baseEntries: Long = base.map(_.size.toLong).sum
+    val baseHeap: Long = base.map(_.heapBytes).sum
+  }
 
   /** The run that holds `key` if any run does: the first whose last key is >= `key`. */
   private def runOf(base: IndexedSeq[PackedRun], key: Array[Byte]): Int = {
