@@ -47,8 +47,11 @@ def client(server: tuple[str, Path]) -> Iterator[DataClient]:
         yield c
 
 
+ROWS_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary())])
+
+
 def rows(keys: list[str], tag: str = "v") -> pa.Table:
-    return pa.table({"key": keys, "value": [f"{tag}:{k}".encode() for k in keys]})
+    return pa.table({"key": keys, "value": [f"{tag}:{k}".encode() for k in keys]}, ROWS_SCHEMA)
 
 
 def write_all(client: DataClient, table: pa.Table, client_id: str) -> None:
@@ -161,7 +164,8 @@ def test_replace_deletes_the_range_and_puts_in_one_entry(client: DataClient) -> 
     write_all(client, rows(keys), f"repl-a-{prefix}")
     shard = client.shard_of(keys[0])
     before = client.offsets(shard).commit_offset
-    replacement = rows([k for k in keys[100:110] if client.shard_of(k) == shard], "new")
+    in_range = [k for k in keys[100:199] if client.shard_of(k) == shard]
+    replacement = rows(in_range[:10], "new")
     result = client.write(
         shard,
         replacement,
