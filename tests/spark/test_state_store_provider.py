@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -427,6 +428,37 @@ def test_unreachable_cluster_fails_with_a_clear_error(jvm: Jvm) -> None:
     ):
         jvm.store(provider, 0)
     assert time.monotonic() - started < 15
+
+
+def test_local_copy_is_unlinked_in_the_local_dir_and_a_bad_dir_is_named(
+    jvm: Jvm, tmp_path: Path
+) -> None:
+    """A provider loading in bulk packs the state into a file under `localDir`, unlinked."""
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    store = jvm.store(jvm.provider(PROVIDER_CLASS, "local-dir", spec), 0)
+    for n in range(100):
+        store.put(jvm.row("k", n), jvm.row(n), "default")
+    store.commit()
+
+    local = tmp_path / "local"
+    confs = {"spark.quorumstore.stateStore.localDir": str(local)}
+    fresh = jvm.store(jvm.provider(PROVIDER_CLASS, "local-dir", spec, quorum_confs=confs), 1)
+    assert len(jvm.rows(fresh.iterator("default"))) == 100
+    custom = jvm.jvm.scala.jdk.javaapi.CollectionConverters.asJava(
+        fresh.metrics().customMetrics()
+    )
+    disk_bytes = {metric.name(): value for metric, value in custom.items()}
+    fresh.abort()
+    assert disk_bytes["quorumstoreLocalDiskBytes"] > 100 * 8
+    assert local.is_dir() and list(local.iterdir()) == []
+
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    confs = {"spark.quorumstore.stateStore.localDir": str(not_a_dir)}
+    with pytest.raises(
+        Exception, match=re.escape(str(not_a_dir)) + ".*spark.quorumstore.stateStore.localDir"
+    ):
+        jvm.store(jvm.provider(PROVIDER_CLASS, "local-dir", spec, quorum_confs=confs), 1)
 
 
 # ------------------------------------------------------- operators: RocksDB vs quorumstore

@@ -1,14 +1,16 @@
 package io.quorumstore.spark.state
 
+import java.io.{ByteArrayOutputStream, File, IOException, RandomAccessFile, UncheckedIOException}
+import java.nio.ByteBuffer
 import java.util.{Arrays, Map => JMap}
-import java.util.concurrent.ConcurrentSkipListMap
 
+import scala.annotation.tailrec
 import scala.collection.mutable
 
 /**
  * Sorted entries packed into one byte array: entry i's key is data[starts(2i), starts(2i+1))
- * and its value data[starts(2i+1), starts(2i+2)). About 8 bytes of overhead per entry, where
- * a skip-list node with two arrays costs ~100. Immutable.
+ * and its value data[starts(2i+1), starts(2i+2)). One block of a BaseFile, decoded without
+ * copying its data. Immutable.
  */
 private final class PackedRun(data: Array[Byte], starts: Array[Int]) {
   val size: Int = (starts.length - 1) / 2
@@ -20,7 +22,7 @@ private final class PackedRun(data: Array[Byte], starts: Array[Int]) {
   def value(i: Int): Array[Byte] = Arrays.copyOfRange(data, starts(2 * i + 1), starts(2 * i + 2))
 
   /** Appends entry i to `out` without copying it out first. */
-  def copyTo(i: Int, out: PackedRunBuilder): Unit =
+  def copyTo(i: Int, out: BaseFileWriter): Unit =
     out.add(data, starts(2 * i), starts(2 * i + 1), starts(2 * i + 2))
 
   /** The first entry whose key is >= `key` (`size` when there is none). */
@@ -33,72 +35,228 @@ private final class PackedRun(data: Array[Byte], starts: Array[Int]) {
     }
     lo
   }
-
-  def heapBytes: Long = 16L + data.length + 16L + 4L * starts.length + 32L
 }
 
-/** Builds PackedRuns from entries given in ascending key order, cutting runs at `runBytes`. */
-private final class PackedRunBuilder(runBytes: Int) {
-  private val runs = mutable.ArrayBuffer.empty[PackedRun]
-  private var data = new java.io.ByteArrayOutputStream(4096)
-  private var starts = new mutable.ArrayBuilder.ofInt
+/**
+ * The packed, sorted part of a column family, in a local file: blocks of about `blockBytes`
+ * of keys and values, each `[n: int][2n+1 entry starts: int][keys and values]`, and on the
+ * heap only each block's first key and file offset. A get reads one block.
+ *
+ * The file is a cache of state that quorumstore holds durably, so it is never fsync'd, and it
+ * is unlinked as soon as it is opened, so its space is freed when it is closed or the
+ * executor dies. It is closed when retired (replaced by a compaction) and no reader is left;
+ * a reader that never finishes (an abandoned iterator) leaves that to the JDK, which closes
+ * a RandomAccessFile that became unreachable. Classic file I/O, unlike a FileChannel,
+ * survives the interrupts Spark sends to cancelled tasks. Immutable; reads are thread-safe.
+ */
+private final class BaseFile(file: RandomAccessFile, firstKeys: Array[Array[Byte]],
+    offsets: Array[Long], val entries: Long) {
+  private var readers = 0 // guarded by this, with retired
+  private var retired = false
+
+  /** Registers a reader, who must `release` it; false once it is retired (look again). */
+  def acquire(): Boolean = synchronized {
+    if (!retired) readers += 1
+    !retired
+  }
+
+  def release(): Unit = synchronized {
+    readers -= 1
+    if (retired && readers == 0) file.close()
+  }
+
+  /** No new readers; closes the file once the current ones are done. */
+  def retire(): Unit = if (file != null) synchronized {
+    retired = true
+    if (readers == 0) file.close()
+  }
+
+  def blocks: Int = firstKeys.length
+  def diskBytes: Long = offsets(blocks)
+  val heapBytes: Long = firstKeys.iterator.map(k => 24L + ((k.length + 7) & ~7)).sum +
+    8L * offsets.length + 80L
+
+  def block(b: Int): PackedRun = {
+    val bytes = new Array[Byte]((offsets(b + 1) - offsets(b)).toInt)
+    file.synchronized {
+      file.seek(offsets(b))
+      file.readFully(bytes)
+    }
+    val header = ByteBuffer.wrap(bytes)
+    val starts = new Array[Int](2 * header.getInt(0) + 1)
+    header.position(4)
+    header.asIntBuffer().get(starts)
+    new PackedRun(bytes, starts)
+  }
+
+  /** The block that holds `key` if any does: the last whose first key is <= `key`; -1 if none. */
+  private def blockOf(key: Array[Byte]): Int = {
+    var lo = 0
+    var hi = blocks
+    while (lo < hi) {
+      val mid = (lo + hi) >>> 1
+      if (Bytes.Order.compare(firstKeys(mid), key) <= 0) lo = mid + 1 else hi = mid
+    }
+    lo - 1
+  }
+
+  def get(key: Array[Byte]): Array[Byte] = {
+    val b = blockOf(key)
+    if (b < 0) null
+    else {
+      val run = block(b)
+      val i = run.lowerBound(key)
+      if (i < run.size && run.compareKey(i, key) == 0) run.value(i) else null
+    }
+  }
+
+  /**
+   * Entries with from <= key < to, either bound optional, reading one block at a time, for a
+   * reader that acquired the file: the iterator releases it when it reaches its end.
+   */
+  def range(from: Option[Array[Byte]], to: Option[Array[Byte]])
+      : java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]] =
+    new java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]] {
+      private var b = from.map(k => math.max(blockOf(k), 0)).getOrElse(0)
+      private var run = if (b < blocks) block(b) else null
+      private var i = if (run == null) 0 else from.map(run.lowerBound).getOrElse(0)
+      private var open = true
+      settle()
+
+      private def settle(): Unit = {
+        while (run != null && i >= run.size) {
+          b += 1
+          run = if (b < blocks) block(b) else null
+          i = 0
+        }
+        if (open && !hasNext) {
+          open = false
+          release()
+        }
+      }
+
+      override def hasNext: Boolean = run != null && to.forall(t => run.compareKey(i, t) < 0)
+
+      override def next(): JMap.Entry[Array[Byte], Array[Byte]] = {
+        if (!hasNext) throw new NoSuchElementException("no more state entries")
+        val entry = new java.util.AbstractMap.SimpleImmutableEntry(run.key(i), run.value(i))
+        i += 1
+        settle()
+        entry
+      }
+    }
+}
+
+private object BaseFile {
+  val Empty = new BaseFile(null, Array.empty, Array(0L), 0L)
+}
+
+/**
+ * Writes entries given in ascending key order into a new BaseFile in `dir`, cutting blocks
+ * at `blockBytes` (a block holds at least one entry) and writing 1 MiB at a time.
+ */
+private final class BaseFileWriter(dir: File, blockBytes: Int) {
+  private val file = FamilyMap.localFile(dir)
+  private val pending = new ByteArrayOutputStream(FamilyMap.WriteBytes + 2 * blockBytes)
+  private var written = 0L
+  private val block = new ByteArrayOutputStream(2 * blockBytes)
+  private val starts = new mutable.ArrayBuilder.ofInt
+  private val firstKeys = mutable.ArrayBuffer.empty[Array[Byte]]
+  private val offsets = new mutable.ArrayBuilder.ofLong
+  private var entries = 0L
+  offsets += 0L
 
   def add(key: Array[Byte], value: Array[Byte]): Unit = {
-    if (data.size() > 0 && data.size() + key.length + value.length > runBytes) cut()
-    starts += data.size()
-    data.write(key, 0, key.length)
-    starts += data.size()
-    data.write(value, 0, value.length)
+    begin(key, 0, key.length, key.length + value.length)
+    block.write(key, 0, key.length)
+    starts += block.size()
+    block.write(value, 0, value.length)
   }
 
   /** Adds the entry whose key is bytes[keyStart, valueStart) and value bytes[valueStart, end). */
   def add(bytes: Array[Byte], keyStart: Int, valueStart: Int, end: Int): Unit = {
-    if (data.size() > 0 && data.size() + end - keyStart > runBytes) cut()
-    starts += data.size()
-    starts += data.size() + valueStart - keyStart
-    data.write(bytes, keyStart, end - keyStart)
+    begin(bytes, keyStart, valueStart, end - keyStart)
+    starts += block.size() + valueStart - keyStart
+    block.write(bytes, keyStart, end - keyStart)
   }
 
-  private def cut(): Unit = {
-    starts += data.size()
-    runs += new PackedRun(data.toByteArray, starts.result())
-    data = new java.io.ByteArrayOutputStream(4096)
-    starts = new mutable.ArrayBuilder.ofInt
+  private def begin(bytes: Array[Byte], keyStart: Int, keyEnd: Int, entryBytes: Int): Unit = {
+    if (block.size() > 0 && block.size() + entryBytes > blockBytes) cutBlock()
+    if (block.size() == 0) firstKeys += Arrays.copyOfRange(bytes, keyStart, keyEnd)
+    starts += block.size()
+    entries += 1
   }
 
-  def result(): IndexedSeq[PackedRun] = {
-    if (data.size() > 0) cut()
-    runs.toIndexedSeq
+  private def cutBlock(): Unit = {
+    starts += block.size()
+    val relative = starts.result()
+    val header = 4 * (relative.length + 1)
+    val head = ByteBuffer.allocate(header).putInt(relative.length / 2)
+    relative.foreach(s => head.putInt(header + s))
+    pending.write(head.array())
+    block.writeTo(pending)
+    written += header + block.size()
+    offsets += written
+    block.reset()
+    starts.clear()
+    if (pending.size() >= FamilyMap.WriteBytes) flush()
+  }
+
+  private def flush(): Unit = {
+    FamilyMap.onDisk(dir)(file.write(pending.toByteArray))
+    pending.reset()
+  }
+
+  def finish(): BaseFile = {
+    if (block.size() > 0) cutBlock()
+    flush()
+    new BaseFile(file, firstKeys.toArray, offsets.result(), entries)
   }
 }
 
 /**
  * One column family of a partition's local copy: a sorted map of encoded key -> value.
  *
- * Most entries live in `base`, packed sorted runs; changes since the last compaction live in
- * `recent`, a skip list in which a removed base key maps to `Bytes.Tombstone`. When `recent`
- * outgrows an eighth of the base (and `minCompaction`), both are merged into new runs in one
- * linear pass. Writes come from one thread at a time (the provider's state lock); reads may
- * run concurrently and see a consistent (base, recent) pair, each iterator being weakly
- * consistent like a ConcurrentSkipListMap's.
+ * Most entries live in `base`, a BaseFile of packed sorted blocks on local disk with a small
+ * index on the heap; changes since the last compaction live in `recent`, a skip list in which
+ * a removed base key maps to `Bytes.Tombstone`. When `recent` outgrows an eighth of the base
+ * (and `minCompaction`), both are merged into a new file in one sequential pass. Writes come
+ * from one thread at a time (the provider's state lock); reads may run concurrently and see a
+ * consistent (base, recent) pair, each iterator being weakly consistent like a
+ * ConcurrentSkipListMap's. Readers other than the writer hold the base file they read (see
+ * BaseFile) so that a compaction closes it only after them; the writer, who alone replaces
+ * it, reads it freely.
  */
-final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
-    runBytes: Int = FamilyMap.RunBytes) {
+final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompaction,
+    blockBytes: Int = FamilyMap.BlockBytes) {
   import FamilyMap.Layers
 
-  @volatile private var layers = Layers(IndexedSeq.empty, Bytes.newMap())
+  @volatile private var layers = Layers(BaseFile.Empty, Bytes.newMap())
+  @volatile private var closed = false
   private var entries = 0L
   private var recentHeap = 0L
 
   def size: Long = entries
-  def heapBytes: Long = layers.baseHeap + recentHeap
+  def heapBytes: Long = layers.base.heapBytes + recentHeap
+  def diskBytes: Long = layers.base.diskBytes
+
+  /** The current layers, their base file acquired. */
+  @tailrec private def acquired(): Layers = {
+    val l = layers
+    if (l.base.acquire()) l
+    else if (closed) throw new IllegalStateException("this local copy of the state was " +
+      "closed (its provider was unloaded); the store must be opened again")
+    else acquired()
+  }
 
   def get(key: Array[Byte]): Array[Byte] = {
-    val l = layers
-    val changed = l.recent.get(key)
-    if (changed eq Bytes.Tombstone) null
-    else if (changed != null) changed
-    else FamilyMap.baseGet(l.base, key)
+    val l = acquired()
+    try {
+      val changed = l.recent.get(key)
+      if (changed eq Bytes.Tombstone) null
+      else if (changed != null) changed
+      else l.base.get(key)
+    } finally l.base.release()
   }
 
   def containsKey(key: Array[Byte]): Boolean = get(key) != null
@@ -114,7 +272,7 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
     val previous =
       if (replaced eq Bytes.Tombstone) null
       else if (replaced != null) replaced
-      else FamilyMap.baseGet(l.base, key)
+      else l.base.get(key)
     if (previous == null) entries += 1
     if (compactWhenDue) maybeCompact()
     previous
@@ -123,7 +281,7 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
   /** Removes `key`; its value, or null when it had none. See `put` for `compactWhenDue`. */
   def remove(key: Array[Byte], compactWhenDue: Boolean = true): Array[Byte] = {
     val l = layers
-    val based = FamilyMap.baseGet(l.base, key)
+    val based = l.base.get(key)
     val changed = l.recent.get(key)
     val previous = if (changed eq Bytes.Tombstone) null else if (changed != null) changed else based
     if (previous != null) {
@@ -146,90 +304,75 @@ final class FamilyMap(minCompaction: Int = FamilyMap.MinCompaction,
   /** Live entries with from <= key < to, either bound optional, in key order. */
   def range(from: Option[Array[Byte]], to: Option[Array[Byte]])
       : Iterator[JMap.Entry[Array[Byte], Array[Byte]]] = {
-    val l = layers
-    Bytes.merged(FamilyMap.baseRange(l.base, from, to), Bytes.range(l.recent, from, to))
+    val l = acquired()
+    Bytes.merged(l.base.range(from, to), Bytes.range(l.recent, from, to))
+  }
+
+  /** Frees the base file (once current readers are done); later reads fail. */
+  def close(): Unit = {
+    closed = true
+    layers.base.retire()
   }
 
   private def maybeCompact(): Unit = {
-    val recent = layers.recent
-    if (recent.size() > math.max(minCompaction.toLong, layers.baseEntries / 8)) compact()
+    val l = layers
+    if (l.recent.size() > math.max(minCompaction.toLong, l.base.entries / 8)) compact()
   }
 
-  /** Merges `recent` into new base runs, in one pass over both (nothing to do if empty). */
+  /** Merges `recent` into a new base file, in one pass over both (nothing to do if empty). */
   def compact(): Unit = if (!layers.recent.isEmpty) {
-    val builder = new PackedRunBuilder(runBytes)
+    val base = layers.base
+    val writer = new BaseFileWriter(localDir, blockBytes)
     val changes = layers.recent.entrySet().iterator()
     var change = if (changes.hasNext) changes.next() else null
     def addChange(): Unit = {
-      if (!(change.getValue eq Bytes.Tombstone)) builder.add(change.getKey, change.getValue)
+      if (!(change.getValue eq Bytes.Tombstone)) writer.add(change.getKey, change.getValue)
       change = if (changes.hasNext) changes.next() else null
     }
     // base entry vs the next change: > 0 the change comes first, 0 it replaces the entry
     def order(run: PackedRun, i: Int): Int = if (change == null) -1 else run.compareKey(i, change.getKey)
-    for (run <- layers.base; i <- 0 until run.size) {
-      var cmp = order(run, i)
-      while (cmp > 0) { addChange(); cmp = order(run, i) }
-      if (cmp == 0) addChange() else run.copyTo(i, builder)
+    for (b <- 0 until base.blocks) {
+      val run = base.block(b)
+      for (i <- 0 until run.size) {
+        var cmp = order(run, i)
+        while (cmp > 0) { addChange(); cmp = order(run, i) }
+        if (cmp == 0) addChange() else run.copyTo(i, writer)
+      }
     }
     while (change != null) addChange()
-    layers = Layers(builder.result(), Bytes.newMap())
+    layers = Layers(writer.finish(), Bytes.newMap())
     recentHeap = 0L
+    base.retire()
   }
 }
 
 object FamilyMap {
   /** `recent` is compacted once it holds more than this many keys and an eighth of the base:
-   * a skip-list entry costs ~100 bytes more than a packed one, so `recent` stays a small part
-   * of the memory, while a compaction (one copy of the base) comes at most every base/8 writes. */
+   * a skip-list entry costs ~100 bytes of heap, so `recent` stays small, while a compaction
+   * (one sequential rewrite of the base file) comes at most every base/8 writes. */
   val MinCompaction: Int = 8192
-  /** Bytes of keys and values per packed run (a run is one array). */
-  val RunBytes: Int = 8 << 20
+  /** Bytes of keys and values per block of a base file: what one get reads. */
+  val BlockBytes: Int = 4096
+  /** Bytes a base file is written in. */
+  private[state] val WriteBytes: Int = 1 << 20
 
-  private final case class Layers(base: IndexedSeq[PackedRun], recent: Bytes.SortedBytes) {
-    val baseEntries: Long = base.map(_.size.toLong).sum
-    val baseHeap: Long = base.map(_.heapBytes).sum
+  private final case class Layers(base: BaseFile, recent: Bytes.SortedBytes)
+
+  /** Runs local-disk I/O, turning a failure into an error that names the directory. */
+  private[state] def onDisk[T](dir: File)(io: => T): T = try io catch {
+    case e: IOException => throw new UncheckedIOException(s"the state store's local copy " +
+      s"cannot be written to $dir (${e.getMessage}); set ${QuorumConf.LocalDir} to a local " +
+      "directory with free space", e)
   }
 
-  /** The run that holds `key` if any run does: the first whose last key is >= `key`. */
-  private def runOf(base: IndexedSeq[PackedRun], key: Array[Byte]): Int = {
-    var lo = 0
-    var hi = base.size
-    while (lo < hi) {
-      val mid = (lo + hi) >>> 1
-      val run = base(mid)
-      if (run.compareKey(run.size - 1, key) < 0) lo = mid + 1 else hi = mid
+  /** A new, already unlinked file in `dir`, open for reading and writing. */
+  private[state] def localFile(dir: File): RandomAccessFile = onDisk(dir) {
+    if (!dir.isDirectory && !dir.mkdirs() && !dir.isDirectory) {
+      throw new IOException("it is not a directory and cannot be created")
     }
-    lo
+    val path = File.createTempFile("quorumstore-state-", ".base", dir)
+    val file = new RandomAccessFile(path, "rw")
+    if (!path.delete()) path.deleteOnExit()
+    file
   }
-
-  private def baseGet(base: IndexedSeq[PackedRun], key: Array[Byte]): Array[Byte] = {
-    val r = runOf(base, key)
-    if (r == base.size) null
-    else {
-      val run = base(r)
-      val i = run.lowerBound(key)
-      if (i < run.size && run.compareKey(i, key) == 0) run.value(i) else null
-    }
-  }
-
-  private def baseRange(base: IndexedSeq[PackedRun], from: Option[Array[Byte]],
-      to: Option[Array[Byte]]): java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]] =
-    new java.util.Iterator[JMap.Entry[Array[Byte], Array[Byte]]] {
-      private var r = from.map(runOf(base, _)).getOrElse(0)
-      private var i = if (r < base.size) from.map(base(r).lowerBound).getOrElse(0) else 0
-      private def settle(): Unit = while (r < base.size && i >= base(r).size) { r += 1; i = 0 }
-      settle()
-
-      override def hasNext: Boolean =
-        r < base.size && to.forall(t => base(r).compareKey(i, t) < 0)
-
-      override def next(): JMap.Entry[Array[Byte], Array[Byte]] = {
-        if (!hasNext) throw new NoSuchElementException("no more state entries")
-        val run = base(r)
-        val entry = new java.util.AbstractMap.SimpleImmutableEntry(run.key(i), run.value(i))
-        i += 1
-        settle()
-        entry
-      }
-    }
 }

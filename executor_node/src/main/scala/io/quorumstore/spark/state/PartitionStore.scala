@@ -6,7 +6,7 @@ import org.apache.spark.internal.Logging
 
 import io.quorumstore.spark.state.StateKeys.{Delta, Snapshot}
 
-/** A version of the partition held in memory: what `uid` names at `version`. */
+/** A version of the partition kept on this executor: what `uid` names at `version`. */
 final case class LocalCopy(version: Long, uid: String, map: StateMap)
 
 /** Result of loading a version: the map, its checkpoint id, and where it came from. */
@@ -71,7 +71,9 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
       uniqueId: Option[String],
       head: Option[Head],
       local: Option[LocalCopy]): Loaded = {
-    if (version == 0) return Loaded(LocalCopy(0L, "", new StateMap), fromStore = false, None)
+    if (version == 0) {
+      return Loaded(LocalCopy(0L, "", new StateMap(conf.localDir)), fromStore = false, None)
+    }
     val top = uniqueId.map(u => (version, u)).orElse(head.filter(_.version >= version)
       .map(h => (h.version, h.uid))).getOrElse {
       missing(version, s"the latest committed version is ${head.map(_.version).getOrElse("none")}")
@@ -95,7 +97,9 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
       case None =>
         val s = lineage.indexWhere(p => p._1 > 0 && snapshots.contains(p))
         if (s >= 0) (s, readSnapshot(lineage(s), snapshots(lineage(s))), Some(lineage(s)._1))
-        else if (lineage.last._1 == 0) (lineage.size - 1, new StateMap(loading = true), None)
+        else if (lineage.last._1 == 0) {
+          (lineage.size - 1, new StateMap(conf.localDir, loading = true), None)
+        }
         else missing(version, s"no snapshot and no delta for version ${lineage.last._1}")
     }
     applyDeltas(lineage.take(startAt), deltas, base)
@@ -109,7 +113,7 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
     if (chunks.size != header.chunks) {
       missing(at._1, s"snapshot ${at._2} has ${chunks.size} of ${header.chunks} chunks")
     }
-    val map = new StateMap(loading = true)
+    val map = new StateMap(conf.localDir, loading = true)
     chunks.foreach(c => Codec.readChunk(c.value, map))
     map
   }

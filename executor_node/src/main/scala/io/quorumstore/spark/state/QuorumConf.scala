@@ -1,8 +1,10 @@
 package io.quorumstore.spark.state
 
+import java.io.File
+
 import org.apache.hadoop.conf.Configuration
 
-import org.apache.spark.SparkEnv
+import org.apache.spark.{SparkEnv, SparkFiles}
 
 /**
  * The provider's settings, read from Spark confs named `spark.quorumstore.*`. Session confs
@@ -16,7 +18,8 @@ final case class QuorumConf(
     timeoutMs: Long,
     snapshotInterval: Int,
     chunkBytes: Int,
-    maxWriteBytes: Int)
+    maxWriteBytes: Int,
+    localDir: File)
 
 object QuorumConf {
   val Address = "spark.quorumstore.address"
@@ -26,6 +29,12 @@ object QuorumConf {
   val SnapshotInterval = "spark.quorumstore.stateStore.snapshotInterval"
   val ChunkBytes = "spark.quorumstore.stateStore.chunkBytes"
   val MaxWriteBytes = "spark.quorumstore.stateStore.maxWriteBytes"
+  val LocalDir = "spark.quorumstore.stateStore.localDir"
+
+  /** Where local copies live unless told: Spark's own scratch space for the process (under
+   * spark.local.dir on the driver, the executor's working directory on executors). */
+  private def defaultLocalDir: String =
+    if (SparkEnv.get == null) System.getProperty("java.io.tmpdir") else SparkFiles.getRootDirectory()
 
   def from(hadoopConf: Configuration): QuorumConf = {
     def get(key: String, default: String): String =
@@ -61,7 +70,8 @@ object QuorumConf {
       timeoutMs = positive(TimeoutMs, 60000L),
       snapshotInterval = positive(SnapshotInterval, 10L).toInt,
       chunkBytes = chunkBytes.toInt,
-      maxWriteBytes = maxWriteBytes.toInt)
+      maxWriteBytes = maxWriteBytes.toInt,
+      localDir = new File(get(LocalDir, defaultLocalDir)).getAbsoluteFile)
   }
 
   /** A segment of a quorumstore key: no '/', which separates key levels. */

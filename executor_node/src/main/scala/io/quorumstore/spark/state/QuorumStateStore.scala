@@ -249,7 +249,8 @@ final class QuorumStateStore(
       StoreMetrics.CommitKeys -> commitStats.keys,
       StoreMetrics.CommitBytes -> commitStats.bytes,
       StoreMetrics.LoadTime -> loadTimeMs,
-      StoreMetrics.StoreLoads -> storeLoads)
+      StoreMetrics.StoreLoads -> storeLoads,
+      StoreMetrics.LocalDiskBytes -> view.base.diskBytes)
     StateStoreMetrics(view.base.numKeys, view.base.estimatedHeapBytes, custom)
   }
 

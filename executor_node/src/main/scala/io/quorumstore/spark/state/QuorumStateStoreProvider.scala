@@ -18,7 +18,7 @@ import org.apache.spark.sql.types.StructType
  * `spark.quorumstore.address` to any node of the cluster.
  *
  * Each commit is one fenced, replicated write of the batch's changes (PartitionStore).
- * The partition's state stays in memory between micro-batches (the local copy), so a batch
+ * The partition's state stays on the executor between micro-batches (the local copy), so a batch
  * on the same executor reads nothing but the head from the cluster; a task landing on a new
  * executor loads the newest snapshot and the deltas after it in bulk.
  */
@@ -110,7 +110,7 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     }
     try {
       val copy =
-        if (loadEmpty) LocalCopy(version, uniqueId.getOrElse(""), new StateMap)
+        if (loadEmpty) LocalCopy(version, uniqueId.getOrElse(""), new StateMap(conf.localDir))
         else load(version, uniqueId, head.map(_._1), started)
       val (loadMs, loads) = takeLoadStats()
       val store = new QuorumStateStore(this, version, copy.uid, new StateView(copy.map),
@@ -216,7 +216,10 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     }
   }
 
-  override def close(): Unit = synchronized { local = None }
+  override def close(): Unit = synchronized {
+    local.foreach(_.map.close())
+    local = None
+  }
 
   override def toString: String = s"QuorumStateStoreProvider[$partitionKey]"
 }

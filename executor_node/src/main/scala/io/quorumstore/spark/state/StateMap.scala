@@ -88,36 +88,41 @@ object Bytes {
 
 /**
  * The committed state of a partition at one version: per column family, a FamilyMap of
- * encoded key -> encoded value. Changed only by loading and by applying a commit, both
+ * encoded key -> encoded value, its packed part in files under `localDir`. Changed only by loading and by applying a commit, both
  * under the provider's state lock; read concurrently by stores and maintenance.
  *
  * A map made `loading` (a bulk load from the store) defers every compaction to
  * `finishLoading`, which packs each family once.
  */
-final class StateMap(loading: Boolean = false) extends Codec.Sink {
+final class StateMap(localDir: java.io.File, loading: Boolean = false) extends Codec.Sink {
   @volatile private var bulk = loading
 
   private val families = new ConcurrentHashMap[String, FamilyMap]()
-  families.put(StateMap.DefaultFamily, new FamilyMap)
+  private def newFamily(): FamilyMap = new FamilyMap(localDir)
+  families.put(StateMap.DefaultFamily, newFamily())
 
   def family(name: String): FamilyMap = families.get(name)
   def familyNames: Set[String] = families.keySet().asScala.toSet
   def numKeys: Long = families.values().asScala.map(_.size).sum
   def estimatedHeapBytes: Long = families.values().asScala.map(_.heapBytes).sum
+  def diskBytes: Long = families.values().asScala.map(_.diskBytes).sum
 
-  override def createFamily(name: String): Unit = families.putIfAbsent(name, new FamilyMap)
+  override def createFamily(name: String): Unit = families.putIfAbsent(name, newFamily())
 
   override def removeFamily(name: String): Unit =
-    if (name == StateMap.DefaultFamily) families.put(name, new FamilyMap)
+    if (name == StateMap.DefaultFamily) families.put(name, newFamily())
     else families.remove(name)
 
   override def put(family: String, key: Array[Byte], value: Array[Byte]): Unit =
-    families.computeIfAbsent(family, _ => new FamilyMap).put(key, value, compactWhenDue = !bulk)
+    families.computeIfAbsent(family, _ => newFamily()).put(key, value, compactWhenDue = !bulk)
 
   override def delete(family: String, key: Array[Byte]): Unit = {
     val map = families.get(family)
     if (map != null) map.remove(key, compactWhenDue = !bulk)
   }
+
+  /** Frees the families' local files; reads fail afterwards. */
+  def close(): Unit = families.values().asScala.foreach(_.close())
 
   /** Ends a bulk load: packs every family, then compacts as usual. */
   def finishLoading(): Unit = if (bulk) {

@@ -14,7 +14,9 @@ object StoreMetrics {
     "quorumstore: time to load the version from the replicated store (0 on a local hit)")
   val StoreLoads = StateStoreCustomSumMetric("quorumstoreStoreLoads",
     "quorumstore: versions loaded from the replicated store instead of the local copy")
+  val LocalDiskBytes = StateStoreCustomSizeMetric("quorumstoreLocalDiskBytes",
+    "quorumstore: bytes of the local copy in files under the local dir")
 
   val All: Seq[StateStoreCustomMetric] =
-    Seq(CommitLatency, CommitKeys, CommitBytes, LoadTime, StoreLoads)
+    Seq(CommitLatency, CommitKeys, CommitBytes, LoadTime, StoreLoads, LocalDiskBytes)
 }

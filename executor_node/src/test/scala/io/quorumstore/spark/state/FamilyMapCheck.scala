@@ -7,8 +7,8 @@ import scala.util.Random
 
 /**
  * Model check of FamilyMap against a java.util.TreeMap: random puts and removes over a small
- * key space, with tiny compaction thresholds and runs so that every path (many runs, a key
- * and its tombstone in different layers, compactions) is taken often. Every get, size and
+ * key space, with tiny compaction thresholds and blocks so that every path (many blocks, a
+ * key and its tombstone in different layers, compactions) is taken often. Every get, size and
  * range is compared with the model. Run by tests/spark/test_scala_checks.py; exits 1 with
  * the seed and step on the first difference.
  */
@@ -21,17 +21,41 @@ object FamilyMapCheck {
   private def show(entries: Iterator[java.util.Map.Entry[Array[Byte], Array[Byte]]]): String =
     entries.map(e => Arrays.toString(e.getKey) + "=" + Arrays.toString(e.getValue)).mkString(", ")
 
+  /** Base files this process holds open (they are unlinked, so only /proc shows them). */
+  private def openBaseFiles(): Int =
+    Option(new java.io.File("/proc/self/fd").listFiles()).getOrElse(Array.empty).count { fd =>
+      scala.util.Try(java.nio.file.Files.readSymbolicLink(fd.toPath).toString)
+        .getOrElse("").contains("quorumstore-state-")
+    }
+
   def main(args: Array[String]): Unit = {
     val seeds = if (args.nonEmpty) args.map(_.toLong).toSeq else 1L to 200L
     var compactions = 0L
+    val localDir = java.nio.file.Files.createTempDirectory("family-map-check").toFile
     for (seed <- seeds) {
       val rng = new Random(seed)
-      val map = new FamilyMap(minCompaction = 1 + rng.nextInt(8), runBytes = 8 + rng.nextInt(64))
+      val map = new FamilyMap(localDir, minCompaction = 1 + rng.nextInt(8),
+        blockBytes = 8 + rng.nextInt(64))
       val model = new TreeMap[Array[Byte], Array[Byte]](Bytes.Order)
       def randomKey(): Array[Byte] = Array.fill(1 + rng.nextInt(3))(rng.nextInt(4).toByte)
       // Every fourth seed starts with a bulk load: no compaction until step 200.
       val loadUntil = if (seed % 4 == 0) 200 else 0
+      // A reader that advances one entry per step across compactions: the base file it
+      // started on must stay readable until it ends, then close.
+      var reader: Iterator[java.util.Map.Entry[Array[Byte], Array[Byte]]] = Iterator.empty
+      var lastRead: Array[Byte] = null
+      def advanceReader(step: Int): Unit = if (reader.hasNext) {
+        val key = reader.next().getKey
+        if (lastRead != null && Bytes.Order.compare(lastRead, key) >= 0) {
+          fail(seed, step, "a reader spanning compactions went out of order")
+        }
+        lastRead = key
+      } else if (rng.nextInt(20) == 0) {
+        reader = map.range(None, None)
+        lastRead = null
+      }
       for (step <- 0 until 400) {
+        advanceReader(step)
         if (step == loadUntil && loadUntil > 0) map.compact()
         val due = step >= loadUntil
         val key = randomKey()
@@ -57,8 +81,18 @@ object FamilyMapCheck {
         val got = show(map.range(from, to))
         if (got != want) fail(seed, step, s"range $from..$to: got [$got], want [$want]")
       }
-      if (map.heapBytes <= 0 && map.size > 0) fail(seed, 400, "no heap estimate")
+      map.compact()
+      if (map.heapBytes <= 0) fail(seed, 400, "no heap estimate")
+      if (map.size > 0 && map.diskBytes <= 0) fail(seed, 400, "compacted entries are not on disk")
+      while (reader.hasNext) advanceReader(400)
+      map.close()
+      if (openBaseFiles() != 0) fail(seed, 400, s"${openBaseFiles()} base files still open after close")
+      val readAfterClose = scala.util.Try(map.get(Array[Byte](0)))
+      if (map.size > 0 && readAfterClose.isSuccess) fail(seed, 400, "a closed map still reads")
     }
+    val left = localDir.list()
+    if (left.nonEmpty) fail(0, 0, s"base files left in $localDir: ${left.mkString(", ")}")
+    localDir.delete()
     println(s"FamilyMapCheck ok: ${seeds.size} seeds, $compactions forced compactions")
   }
 }
