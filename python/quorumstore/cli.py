@@ -90,7 +90,7 @@ async def _wait_for_signal() -> None:
     await stop.wait()
 
 
-async def _wait_until_online(coordinator: "object", timeout_s: float) -> None:
+async def _wait_until_online(coordinator: object, timeout_s: float) -> None:
     from quorumstore.protocol.coordinator import ShardState
 
     deadline = time.monotonic() + timeout_s
@@ -200,10 +200,14 @@ async def _run_coordinator(args: argparse.Namespace) -> None:
 
 
 def _spawn(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
-    out = open(log_file, "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "quorumstore.cli", *argv], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    # The child gets its own copy of the descriptor; ours is closed once it is spawned.
+    with open(log_file, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "quorumstore.cli", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _run_cluster(args: argparse.Namespace) -> None:
@@ -250,7 +254,7 @@ def _run_cluster(args: argparse.Namespace) -> None:
         print("cluster stopped", flush=True)
 
 
-def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeout_s: float) -> "object":
+def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeout_s: float) -> object:
     deadline = time.monotonic() + timeout_s
     last_error = ""
     while time.monotonic() < deadline:
@@ -267,7 +271,7 @@ def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeo
     raise CliError(f"the cluster did not come online within {timeout_s:.0f} s ({last_error or 'shards still electing'})")
 
 
-def all_replicas_serving(status: "object") -> bool:
+def all_replicas_serving(status: object) -> bool:
     """Every shard has a leader and every replica follows it in the leader's term.
 
     ONLINE alone is not enough to hand out the client address: a replica still fenced
@@ -287,7 +291,7 @@ def all_replicas_serving(status: "object") -> bool:
     return all((m.namespace, m.shard, node) in serving for m in shards.values() for node in m.ensemble)
 
 
-def _fetch_status(address: str, timeout: float = 5) -> "object":
+def _fetch_status(address: str, timeout: float = 5) -> object:
     from quorumstore.proto import replication_pb2 as pb
     from quorumstore.proto import replication_pb2_grpc as pb_grpc
 
@@ -298,7 +302,7 @@ def _fetch_status(address: str, timeout: float = 5) -> "object":
             raise CliError(f"cannot reach the coordinator at {address}: {e.code().name.lower()} ({e.details()})") from None
 
 
-def _format_status(status: "object") -> str:
+def _format_status(status: object) -> str:
     from quorumstore.proto import replication_pb2 as pb
 
     state_names = {pb.ELECTION: "election", pb.ONLINE: "online", pb.OFFLINE: "OFFLINE"}

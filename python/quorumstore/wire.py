@@ -6,6 +6,7 @@ The engine speaks plain dataclasses (`protocol.messages`); the servers speak
 
 from __future__ import annotations
 
+from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata, ShardMetadata, ShardState
 from quorumstore.protocol.messages import (
     Ack,
@@ -22,7 +23,6 @@ from quorumstore.protocol.messages import (
     TruncateResponse,
 )
 from quorumstore.protocol.types import LogEntry, LogPosition, Role
-from quorumstore.proto import replication_pb2 as pb
 
 _ROLE_TO_PB = {Role.NOT_MEMBER: pb.NOT_MEMBER, Role.FENCED: pb.FENCED, Role.FOLLOWER: pb.FOLLOWER, Role.LEADER: pb.LEADER}
 _ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}

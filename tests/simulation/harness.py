@@ -12,8 +12,8 @@ replays it.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from quorumstore.protocol.coordinator import (
     ClusterMetadata,
@@ -79,7 +79,7 @@ class SnapshotMessage:
 
 
 class SimNode:
-    def __init__(self, name: str, sim: "Simulation"):
+    def __init__(self, name: str, sim: Simulation):
         self.name = name
         self.sim = sim
         self.alive = True
@@ -108,9 +108,12 @@ class SimNode:
         applied = machine.applied_position
         if applied.offset > log.head.offset:
             log.reset(applied)  # the KV is ahead of the synced log: it only holds committed entries
-        elif applied.offset >= log.base.offset and applied.offset >= 0:
-            if log.position_at(applied.offset).checksum != applied.checksum:
-                raise InvariantViolation(f"{self.name} {shard}: applied {applied} is not in its log")
+        elif (
+            applied.offset >= log.base.offset
+            and applied.offset >= 0
+            and log.position_at(applied.offset).checksum != applied.checksum
+        ):
+            raise InvariantViolation(f"{self.name} {shard}: applied {applied} is not in its log")
         replica = ShardReplica(
             self.name,
             shard,
@@ -249,7 +252,7 @@ class SimNode:
 
 
 class SimCoordinator:
-    def __init__(self, sim: "Simulation", nodes: list[str], metadata: ClusterMetadata, config: CoordinatorConfig):
+    def __init__(self, sim: Simulation, nodes: list[str], metadata: ClusterMetadata, config: CoordinatorConfig):
         self.sim = sim
         self.nodes = nodes
         self.config = config
@@ -479,9 +482,12 @@ class Simulation:
                     self.fail(f"{node.name}: committed entry at {upto} differs from the committed history")
             else:
                 start = len(committed)
-                if start - 1 >= log.base.offset and start > 0:
-                    if log.position_at(start - 1).checksum != committed[start - 1].checksum:
-                        self.fail(f"{node.name}: committed prefix before {start} differs from history")
+                if (
+                    start - 1 >= log.base.offset
+                    and start > 0
+                    and log.position_at(start - 1).checksum != committed[start - 1].checksum
+                ):
+                    self.fail(f"{node.name}: committed prefix before {start} differs from history")
                 if start > log.base.offset:
                     for offset in range(start, upto + 1):
                         committed.append(log.entry(offset))
@@ -491,12 +497,16 @@ class Simulation:
         # Seed 002's commit rule: a leader moves its commit offset only onto its own term.
         if replica.role is Role.LEADER:
             seen = self._leader_commits.get((node.name, shard))
-            if seen is not None and seen[0] == replica.term and replica.commit_offset > seen[1]:
-                if log.position_at(replica.commit_offset).term != replica.term:
-                    self.fail(
-                        f"leader {node.name} of term {replica.term} committed offset "
-                        f"{replica.commit_offset}, an entry of an earlier term, by counting replicas"
-                    )
+            if (
+                seen is not None
+                and seen[0] == replica.term
+                and replica.commit_offset > seen[1]
+                and log.position_at(replica.commit_offset).term != replica.term
+            ):
+                self.fail(
+                    f"leader {node.name} of term {replica.term} committed offset "
+                    f"{replica.commit_offset}, an entry of an earlier term, by counting replicas"
+                )
             self._leader_commits[(node.name, shard)] = (replica.term, replica.commit_offset)
         # Invariant 3: one leader per term; invariant 4: it holds every committed entry.
         if replica.role is Role.LEADER:
@@ -518,9 +528,11 @@ class Simulation:
             if lrep is not None and lrep.role is Role.LEADER and lrep.term == replica.term:
                 m = replica.matched_offset
                 llog = leader.logs[shard]
-                if m >= max(llog.base.offset, log.base.offset) and m <= llog.head.offset:
-                    if llog.position_at(m).checksum != log.position_at(m).checksum:
-                        self.fail(f"follower {node.name} matched {m} but differs from leader {leader.name}")
+                if (
+                    max(llog.base.offset, log.base.offset) <= m <= llog.head.offset
+                    and llog.position_at(m).checksum != log.position_at(m).checksum
+                ):
+                    self.fail(f"follower {node.name} matched {m} but differs from leader {leader.name}")
         # Invariant 6: the KV is the application of the committed prefix, once per offset.
         machine = node.machines[shard]
         applied = machine.applied_position
@@ -537,7 +549,7 @@ class Simulation:
 
     # --- running -----------------------------------------------------------------
 
-    def run(self) -> "SimResult":
+    def run(self) -> SimResult:
         for _ in range(self.config.steps):
             self.step()
         self._heal_all()
@@ -547,7 +559,7 @@ class Simulation:
         """Ends faults, restarts everything and checks that the cluster converges."""
         self.faults = False
         self.partitioned.clear()
-        for name, node in self.nodes.items():
+        for node in self.nodes.values():
             if not node.alive:
                 node.restart()
         if not self.coordinator.alive:

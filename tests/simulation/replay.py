@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
-from harness import InvariantViolation, SimConfig, run_seed  # noqa: E402
+from harness import InvariantViolation, SimConfig, run_seed
 
 
 def main() -> int:

@@ -13,9 +13,8 @@ import os
 import pytest
 from harness import InvariantViolation, SimConfig, run_seed
 
-import quorumstore.protocol.election as election
-import quorumstore.protocol.quorum as quorum
 import quorumstore.protocol.replica as replica_module
+from quorumstore.protocol import election, quorum
 from quorumstore.protocol.replica import CursorState
 
 pytestmark = pytest.mark.simulation
@@ -53,7 +52,7 @@ def _first_failing_seed(replicas: int, seeds: range) -> InvariantViolation:
 
 def test_choosing_the_leader_by_offset_alone_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(election, "rank", lambda c, eligible, load=None: (c.head.offset, c.node))
-    failure = _first_failing_seed(3, range(0, 1500))
+    failure = _first_failing_seed(3, range(1500))
     assert "replay: python tests/simulation/replay.py --seed" in str(failure)
 
 
@@ -64,7 +63,7 @@ def test_committing_an_earlier_term_entry_by_count_is_caught(monkeypatch: pytest
         original(self, replication_factor, -1, commit_offset)
 
     monkeypatch.setattr(quorum.QuorumAckTracker, "__init__", count_only)
-    _first_failing_seed(5, range(0, 1500))
+    _first_failing_seed(5, range(1500))
 
 
 def test_skipping_truncation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,4 +82,4 @@ def test_skipping_truncation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
         original(self, cursor, follower_head)
 
     monkeypatch.setattr(replica_module.ShardReplica, "_reconcile", trusting)
-    _first_failing_seed(3, range(0, 1500))
+    _first_failing_seed(3, range(1500))

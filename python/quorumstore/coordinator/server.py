@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -50,7 +51,7 @@ class CoordinatorServerConfig:
 class _NodeLink:
     """The coordinator's connection to one node: a channel and its Health stream."""
 
-    def __init__(self, server: "CoordinatorServer", address: str):
+    def __init__(self, server: CoordinatorServer, address: str):
         self.server = server
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)

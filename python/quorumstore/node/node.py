@@ -13,10 +13,10 @@ import logging
 import queue
 import shutil
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
 
 import grpc
 
@@ -25,8 +25,7 @@ from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
 from quorumstore.node.shard_host import ShardHost, WalRetention
 from quorumstore.node.transport import GRPC_OPTIONS, NodeTransport
-from quorumstore.proto import oxia_client_pb2_grpc
-from quorumstore.proto import quorumstore_data_pb2_grpc
+from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import (
@@ -190,7 +189,7 @@ class Node:
 async def _await_reply(future: asyncio.Future, context: grpc.aio.ServicerContext, what: str):  # type: ignore[type-arg]
     try:
         return await asyncio.wait_for(future, _REPLY_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,
             f"{what} was not accepted (stale term or wrong state); the coordinator retries with a fresh term",
@@ -356,7 +355,7 @@ class _Replication(pb_grpc.ReplicationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
         try:
             await stager.finish()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any staging failure is the sender's DATA_LOSS
             shutil.rmtree(stager.directory, ignore_errors=True)
             await context.abort(grpc.StatusCode.DATA_LOSS, f"snapshot could not be staged: {e}")
         staging = stager.directory

@@ -19,11 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from quorumstore.protocol.messages import Message, Outbound, Ready, SendSnapshot, ShardKey, SnapshotReceived
+from quorumstore.protocol.messages import (
+    Message,
+    Outbound,
+    Ready,
+    SendSnapshot,
+    ShardKey,
+    SnapshotReceived,
+)
 from quorumstore.protocol.replica import NotLeaderError, ReplicaConfig, ShardReplica
 from quorumstore.protocol.types import LogPosition, Role
 from quorumstore.storage.kv import RocksKv
-from quorumstore.storage.snapshot import install_snapshot
 from quorumstore.storage.state_machine import EntryResult, ShardReader, ShardStateMachine
 from quorumstore.storage.wal import SyncTicket, Wal
 from quorumstore.storage.write_batch import WriteBatchBuilder
@@ -63,9 +69,9 @@ class WalRetention:
 class Transport(Protocol):
     """How a shard host reaches other nodes and the coordinator."""
 
-    def send(self, sender: "ShardHost", out: Outbound) -> None: ...
+    def send(self, sender: ShardHost, out: Outbound) -> None: ...
 
-    def send_snapshot(self, sender: "ShardHost", request: SendSnapshot) -> None: ...
+    def send_snapshot(self, sender: ShardHost, request: SendSnapshot) -> None: ...
 
 
 class ShardHost:

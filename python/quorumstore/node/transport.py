@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -50,7 +51,7 @@ GRPC_OPTIONS = [
 class _ReplicateStream:
     """The leader's side of one `Replicate` stream to one follower for one shard."""
 
-    def __init__(self, transport: "NodeTransport", shard: ShardKey, follower: str):
+    def __init__(self, transport: NodeTransport, shard: ShardKey, follower: str):
         self.queue: asyncio.Queue[pb.Append | None] = asyncio.Queue()
         self._transport = transport
         self._shard = shard
@@ -76,7 +77,7 @@ class _ReplicateStream:
 
 
 class NodeTransport:
-    def __init__(self, node: "Node"):
+    def __init__(self, node: Node):
         self.node = node
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[tuple[ShardKey, str], _ReplicateStream] = {}
@@ -118,7 +119,7 @@ class NodeTransport:
 
     # ------------------------------------------------------------------ Transport protocol
 
-    def send(self, sender: "ShardHost", out: Outbound) -> None:
+    def send(self, sender: ShardHost, out: Outbound) -> None:
         msg = out.message
         shard = sender.shard
         if out.to == COORDINATOR:
@@ -149,10 +150,10 @@ class NodeTransport:
             return
         self.node.deliver(shard, wire.truncate_response_from_pb(response, follower))
 
-    def send_snapshot(self, sender: "ShardHost", request: SendSnapshot) -> None:
+    def send_snapshot(self, sender: ShardHost, request: SendSnapshot) -> None:
         self._spawn(self._snapshot(sender, request))
 
-    async def _snapshot(self, host: "ShardHost", request: SendSnapshot) -> None:
+    async def _snapshot(self, host: ShardHost, request: SendSnapshot) -> None:
         position = host.machine.applied_position
         view = host.kv.snapshot()
         shard = host.shard

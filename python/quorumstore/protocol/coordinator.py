@@ -161,9 +161,8 @@ class Coordinator:
             self._on_become_leader_response(msg)
         elif isinstance(msg, NodeStatus):
             self._on_node_status(msg)
-        elif isinstance(msg, NodeUnreachable):
-            if msg.node in self._last_seen:
-                self._last_seen[msg.node] = -(10**9)
+        elif isinstance(msg, NodeUnreachable) and msg.node in self._last_seen:
+            self._last_seen[msg.node] = -(10**9)
 
     def ready(self) -> CoordinatorReady:
         ready = CoordinatorReady(self.metadata if self._dirty else None, self._out, self._assignments_changed)

@@ -6,8 +6,8 @@ live here until `take()` hands them to the driver, like etcd-raft's `unstable` l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from quorumstore.protocol.types import LogEntry, LogPosition, LogReader
 

@@ -8,7 +8,7 @@ Truncation, reset and trimming are durable at once, as the real WAL makes them.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition
 

@@ -42,7 +42,14 @@ from quorumstore.protocol.messages import (
     TruncateResponse,
 )
 from quorumstore.protocol.quorum import QuorumAckTracker
-from quorumstore.protocol.types import EMPTY_POSITION, NO_TERM, LogPosition, LogReader, Role, make_entry
+from quorumstore.protocol.types import (
+    EMPTY_POSITION,
+    NO_TERM,
+    LogPosition,
+    LogReader,
+    Role,
+    make_entry,
+)
 
 
 class Trigger(enum.Enum):

@@ -410,7 +410,7 @@ class Wal:
         ticket.run()
         self.complete_sync(ticket)
 
-    def prepare_sync(self) -> "SyncTicket":
+    def prepare_sync(self) -> SyncTicket:
         """Starts a group commit that may run on another thread while appends go on.
 
         The ticket holds duplicates of the file descriptors to sync, so a segment roll or
@@ -426,7 +426,7 @@ class Wal:
         self._dir_dirty = False
         return SyncTicket(self._head, fds, str(self._segments[-1].path) if self._segments else "")
 
-    def complete_sync(self, ticket: "SyncTicket") -> None:
+    def complete_sync(self, ticket: SyncTicket) -> None:
         """Records what `ticket` made durable (called on the owning thread)."""
         if ticket.error is not None:
             raise self._fail(f"fsync of {ticket.path}", ticket.error)
