@@ -452,6 +452,21 @@ def test_local_copy_is_unlinked_in_the_local_dir_and_a_bad_dir_is_named(
     assert disk_bytes["quorumstoreLocalDiskBytes"] > 100 * 8
     assert local.is_dir() and list(local.iterdir()) == []
 
+    # Unset, it is the first of Spark's local directories (no SPARK_LOCAL_DIRS etc. here).
+    assert not {"SPARK_EXECUTOR_DIRS", "SPARK_LOCAL_DIRS", "CONTAINER_ID"} & set(os.environ)
+    spark_conf = jvm.spark._jsc.sc().conf()  # the SparkConf SparkEnv holds
+    saved = spark_conf.getOption("spark.local.dir")
+    spark_conf.set("spark.local.dir", f"{tmp_path / 'first'},{tmp_path / 'second'}")
+    try:
+        conf_from = getattr(jvm.jvm.io.quorumstore.spark.state.QuorumConf, "from")
+        default = conf_from(None).localDir()
+    finally:
+        if saved.isDefined():
+            spark_conf.set("spark.local.dir", saved.get())
+        else:
+            spark_conf.remove("spark.local.dir")
+    assert default.getPath() == str(tmp_path / "first")
+
     not_a_dir = tmp_path / "a-file"
     not_a_dir.write_text("")
     confs = {"spark.quorumstore.stateStore.localDir": str(not_a_dir)}

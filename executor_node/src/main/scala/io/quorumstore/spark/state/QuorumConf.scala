@@ -4,7 +4,7 @@ import java.io.File
 
 import org.apache.hadoop.conf.Configuration
 
-import org.apache.spark.{SparkEnv, SparkFiles}
+import org.apache.spark.SparkEnv
 
 /**
  * The provider's settings, read from Spark confs named `spark.quorumstore.*`. Session confs
@@ -31,10 +31,23 @@ object QuorumConf {
   val MaxWriteBytes = "spark.quorumstore.stateStore.maxWriteBytes"
   val LocalDir = "spark.quorumstore.stateStore.localDir"
 
-  /** Where local copies live unless told: Spark's own scratch space for the process (under
-   * spark.local.dir on the driver, the executor's working directory on executors). */
-  private def defaultLocalDir: String =
-    if (SparkEnv.get == null) System.getProperty("java.io.tmpdir") else SparkFiles.getRootDirectory()
+  /**
+   * Where local copies live unless told: the first of Spark's local directories, found the
+   * way Spark finds them (its own lookup is internal): the worker's per-application
+   * directories, YARN's container directories, SPARK_LOCAL_DIRS (Kubernetes volumes),
+   * spark.local.dir, else java.io.tmpdir.
+   */
+  private def defaultLocalDir: String = {
+    val env = sys.env
+    val configured = Option(SparkEnv.get).flatMap(_.conf.getOption("spark.local.dir"))
+    val dirs =
+      if (env.contains("CONTAINER_ID") && env.contains("LOCAL_DIRS")) env("LOCAL_DIRS").split(",")
+      else env.get("SPARK_EXECUTOR_DIRS").map(_.split(File.pathSeparator))
+        .orElse(env.get("SPARK_LOCAL_DIRS").map(_.split(",")))
+        .orElse(configured.map(_.split(",")))
+        .getOrElse(Array.empty[String])
+    dirs.map(_.trim).find(_.nonEmpty).getOrElse(System.getProperty("java.io.tmpdir"))
+  }
 
   def from(hadoopConf: Configuration): QuorumConf = {
     def get(key: String, default: String): String =
