@@ -209,8 +209,13 @@ private final class BaseFileWriter(dir: File, blockBytes: Int) {
 
   def finish(): BaseFile = {
     if (block.size() > 0) cutBlock()
-    flush()
-    new BaseFile(file, firstKeys.toArray, offsets.result(), entries)
+    if (entries == 0) {
+      file.close()
+      BaseFile.Empty
+    } else {
+      flush()
+      new BaseFile(file, firstKeys.toArray, offsets.result(), entries)
+    }
   }
 }
 
@@ -226,6 +231,13 @@ private final class BaseFileWriter(dir: File, blockBytes: Int) {
  * ConcurrentSkipListMap's. Readers other than the writer hold the base file they read (see
  * BaseFile) so that a compaction closes it only after them; the writer, who alone replaces
  * it, reads it freely.
+ *
+ * A bulk load (`load`, `loadRemoval`, then `compact`) looks nothing up: it does not count
+ * keys until `compact` counts what it writes, and into an empty family it streams the
+ * leading run of ascending puts straight into the base file, without `recent`. A snapshot,
+ * or the first deltas of a query, is such a run, because commits and snapshots write each
+ * family in key order. The run ends at the first other change or read; a map being loaded
+ * is read by its loading thread only (it is not shared yet).
  */
 final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompaction,
     blockBytes: Int = FamilyMap.BlockBytes) {
@@ -235,7 +247,11 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
   @volatile private var closed = false
   private var entries = 0L
   private var recentHeap = 0L
+  // A bulk load's leading run of ascending puts, being written as the base; null when none.
+  private var appending: BaseFileWriter = null
+  private var lastAppended: Array[Byte] = null
 
+  /** Live keys; during a bulk load, only once `compact` has ended it. */
   def size: Long = entries
   def heapBytes: Long = layers.base.heapBytes + recentHeap
   def diskBytes: Long = layers.base.diskBytes
@@ -250,6 +266,7 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
   }
 
   def get(key: Array[Byte]): Array[Byte] = {
+    endAppending()
     val l = acquired()
     try {
       val changed = l.recent.get(key)
@@ -261,11 +278,9 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
 
   def containsKey(key: Array[Byte]): Boolean = get(key) != null
 
-  /**
-   * Puts `value` at `key`; the previous value, or null. With `compactWhenDue` false (a bulk
-   * load, which calls `compact` at its end) `recent` grows without bound.
-   */
-  def put(key: Array[Byte], value: Array[Byte], compactWhenDue: Boolean = true): Array[Byte] = {
+  /** Puts `value` at `key`; the previous value, or null. */
+  def put(key: Array[Byte], value: Array[Byte]): Array[Byte] = {
+    endAppending()
     val l = layers
     val replaced = l.recent.put(key, value)
     remember(key, replaced, value)
@@ -274,12 +289,13 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
       else if (replaced != null) replaced
       else l.base.get(key)
     if (previous == null) entries += 1
-    if (compactWhenDue) maybeCompact()
+    maybeCompact()
     previous
   }
 
-  /** Removes `key`; its value, or null when it had none. See `put` for `compactWhenDue`. */
-  def remove(key: Array[Byte], compactWhenDue: Boolean = true): Array[Byte] = {
+  /** Removes `key`; its value, or null when it had none. */
+  def remove(key: Array[Byte]): Array[Byte] = {
+    endAppending()
     val l = layers
     val based = l.base.get(key)
     val changed = l.recent.get(key)
@@ -291,9 +307,42 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
         remember(key, l.recent.remove(key), null)
       }
       entries -= 1
-      if (compactWhenDue) maybeCompact()
+      maybeCompact()
     }
     previous
+  }
+
+  /** A bulk load's put (see the class comment); `recent` grows until `compact`. */
+  def load(key: Array[Byte], value: Array[Byte]): Unit =
+    if (appends(key)) {
+      appending.add(key, value)
+      lastAppended = key
+      entries += 1
+    } else {
+      endAppending()
+      remember(key, layers.recent.put(key, value), value)
+    }
+
+  /** A bulk load's removal: a tombstone, dropped by `compact` if nothing was there. */
+  def loadRemoval(key: Array[Byte]): Unit = {
+    endAppending()
+    remember(key, layers.recent.put(key, Bytes.Tombstone), Bytes.Tombstone)
+  }
+
+  /** Whether a bulk put of `key` continues (or starts) the leading run of ascending puts. */
+  private def appends(key: Array[Byte]): Boolean =
+    if (appending != null) Bytes.Order.compare(lastAppended, key) < 0
+    else if (layers.base.entries == 0 && layers.recent.isEmpty) {
+      appending = new BaseFileWriter(localDir, blockBytes)
+      true
+    } else false
+
+  private def endAppending(): Unit = if (appending != null) {
+    val replaced = layers.base
+    layers = Layers(appending.finish(), layers.recent)
+    appending = null
+    lastAppended = null
+    replaced.retire()
   }
 
   private def remember(key: Array[Byte], replaced: Array[Byte], now: Array[Byte]): Unit = {
@@ -304,12 +353,14 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
   /** Live entries with from <= key < to, either bound optional, in key order. */
   def range(from: Option[Array[Byte]], to: Option[Array[Byte]])
       : Iterator[JMap.Entry[Array[Byte], Array[Byte]]] = {
+    endAppending()
     val l = acquired()
     Bytes.merged(l.base.range(from, to), Bytes.range(l.recent, from, to))
   }
 
   /** Frees the base file (once current readers are done); later reads fail. */
   def close(): Unit = {
+    endAppending()
     closed = true
     layers.base.retire()
   }
@@ -320,7 +371,12 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
   }
 
   /** Merges `recent` into a new base file, in one pass over both (nothing to do if empty). */
-  def compact(): Unit = if (!layers.recent.isEmpty) {
+  def compact(): Unit = {
+    endAppending()
+    if (!layers.recent.isEmpty) merge()
+  }
+
+  private def merge(): Unit = {
     val base = layers.base
     val writer = new BaseFileWriter(localDir, blockBytes)
     val changes = layers.recent.entrySet().iterator()
@@ -341,6 +397,7 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
     }
     while (change != null) addChange()
     layers = Layers(writer.finish(), Bytes.newMap())
+    entries = layers.base.entries
     recentHeap = 0L
     base.retire()
   }

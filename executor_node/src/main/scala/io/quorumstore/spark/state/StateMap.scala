@@ -88,11 +88,12 @@ object Bytes {
 
 /**
  * The committed state of a partition at one version: per column family, a FamilyMap of
- * encoded key -> encoded value, its packed part in files under `localDir`. Changed only by loading and by applying a commit, both
- * under the provider's state lock; read concurrently by stores and maintenance.
+ * encoded key -> encoded value, its packed part in files under `localDir`. Changed only by
+ * loading and by applying a commit, both under the provider's state lock; read concurrently
+ * by stores and maintenance.
  *
- * A map made `loading` (a bulk load from the store) defers every compaction to
- * `finishLoading`, which packs each family once.
+ * A map made `loading` (a bulk load from the store) takes changes without looking anything
+ * up (FamilyMap.load) until `finishLoading`, which packs each family once and counts it.
  */
 final class StateMap(localDir: java.io.File, loading: Boolean = false) extends Codec.Sink {
   @volatile private var bulk = loading
@@ -113,12 +114,14 @@ final class StateMap(localDir: java.io.File, loading: Boolean = false) extends C
     if (name == StateMap.DefaultFamily) families.put(name, newFamily())
     else families.remove(name)
 
-  override def put(family: String, key: Array[Byte], value: Array[Byte]): Unit =
-    families.computeIfAbsent(family, _ => newFamily()).put(key, value, compactWhenDue = !bulk)
+  override def put(family: String, key: Array[Byte], value: Array[Byte]): Unit = {
+    val map = families.computeIfAbsent(family, _ => newFamily())
+    if (bulk) map.load(key, value) else map.put(key, value)
+  }
 
   override def delete(family: String, key: Array[Byte]): Unit = {
     val map = families.get(family)
-    if (map != null) map.remove(key, compactWhenDue = !bulk)
+    if (map != null) { if (bulk) map.loadRemoval(key) else map.remove(key) }
   }
 
   /** Frees the families' local files; reads fail afterwards. */
