@@ -415,6 +415,28 @@ def test_maintenance_snapshots_and_drops_old_versions(jvm: Jvm) -> None:
         jvm.store(jvm.provider(PROVIDER_CLASS, "retention", spec, **confs), 3)
 
 
+def test_a_load_reads_its_chunks_a_few_at_a_time(jvm: Jvm) -> None:
+    """Chunks above half the load's read size: every chunk of every delta is its own read."""
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    confs = {
+        "quorum_confs": {
+            "spark.quorumstore.stateStore.chunkBytes": str(5 << 20),
+            "spark.quorumstore.stateStore.maxWriteBytes": str(12 << 20),
+        }
+    }
+    provider = jvm.provider(PROVIDER_CLASS, "paged-load", spec, **confs)
+    for version in range(6):
+        store = jvm.store(provider, version)
+        store.put(jvm.row("k", version), jvm.row(version), "default")
+        if version == 3:
+            store.remove(jvm.row("k", 1), "default")
+        store.commit()
+    fresh = jvm.store(jvm.provider(PROVIDER_CLASS, "paged-load", spec, **confs), 6)
+    assert [k[1] for k, _ in jvm.rows(fresh.iterator("default"))] == [0, 2, 3, 4, 5]
+    assert fresh.metrics().numKeys() == 5
+    fresh.abort()
+
+
 def test_unreachable_cluster_fails_with_a_clear_error(jvm: Jvm) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

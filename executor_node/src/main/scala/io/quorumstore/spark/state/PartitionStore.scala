@@ -108,13 +108,8 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
   }
 
   private def readSnapshot(at: (Long, String), header: CommitHeader): StateMap = {
-    val (start, end) = keys.dataChunks(Snapshot, at._1, at._2)
-    val chunks = client.rangeScan(pk, start, end, timeout)
-    if (chunks.size != header.chunks) {
-      missing(at._1, s"snapshot ${at._2} has ${chunks.size} of ${header.chunks} chunks")
-    }
     val map = new StateMap(conf.localDir, loading = true)
-    chunks.foreach(c => Codec.readChunk(c.value, map))
+    applyChunks(Snapshot, Seq((at, header.chunks)), map)
     map
   }
 
@@ -122,18 +117,27 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
   private def applyDeltas(
       path: Seq[(Long, String)],
       deltas: Map[(Long, String), CommitHeader],
-      map: StateMap): Unit = if (path.nonEmpty) {
-    val wanted = path.toSet
-    val (start, end) = keys.versions(Delta, path.last._1, path.head._1 + 1)
-    val chunks = client.rangeScan(pk, start, end, timeout).flatMap { r =>
-      keys.parse(r.key).filter(k => k.index > 0 && wanted((k.version, k.uid))).map(k => (k, r.value))
-    }.groupBy(c => (c._1.version, c._1.uid))
-    path.reverse.foreach { commit =>
-      val parts = chunks.getOrElse(commit, Vector.empty).sortBy(_._1.index)
-      if (parts.size != deltas(commit).chunks) {
-        missing(commit._1, s"delta ${commit._2} has ${parts.size} of ${deltas(commit).chunks} chunks")
+      map: StateMap): Unit =
+    applyChunks(Delta, path.reverse.map(commit => (commit, deltas(commit).chunks)), map)
+
+  /**
+   * Applies the data chunks (1 to n) of each `(commit, n)` to `map`, in order, reading
+   * `ReadBytes` of chunks per request: a load holds little more than the map itself, which
+   * keeps most of it on local disk.
+   */
+  private def applyChunks(kind: String, commits: Seq[((Long, String), Int)], map: StateMap)
+      : Unit = {
+    val perRead = math.max(1, PartitionStore.ReadBytes / conf.chunkBytes)
+    val chunks = commits.iterator.flatMap { case ((version, uid), n) =>
+      (1 to n).iterator.map(index => (version, uid, index))
+    }
+    chunks.grouped(perRead).foreach { group =>
+      val records = client.read(pk, group.map { case (v, u, i) => keys.chunk(kind, v, u, i) }, timeout)
+      group.zip(records).foreach {
+        case (_, Some(record)) => Codec.readChunk(record.value, map)
+        case ((version, uid, index), None) =>
+          missing(version, s"chunk $index of $kind $uid is gone")
       }
-      parts.foreach(p => Codec.readChunk(p._2, map))
     }
   }
 
@@ -231,4 +235,9 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
       }
     }
   }
+}
+
+object PartitionStore {
+  /** Bytes of chunks a load reads per request. */
+  val ReadBytes: Int = 8 << 20
 }
