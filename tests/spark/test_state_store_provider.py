@@ -437,6 +437,37 @@ def test_a_load_reads_its_chunks_a_few_at_a_time(jvm: Jvm) -> None:
     fresh.abort()
 
 
+def test_commits_and_snapshots_stream_in_many_small_chunks(jvm: Jvm) -> None:
+    """64-byte chunks, 200 bytes per request: a commit and a snapshot span many requests."""
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    confs = {
+        "sql_confs": {"spark.sql.streaming.minBatchesToRetain": "1"},
+        "quorum_confs": {
+            "spark.quorumstore.stateStore.chunkBytes": "64",
+            "spark.quorumstore.stateStore.maxWriteBytes": "200",
+            "spark.quorumstore.stateStore.snapshotInterval": "1",
+        }
+    }
+    provider = jvm.provider(PROVIDER_CLASS, "small-chunks", spec, **confs)
+    store = jvm.store(provider, 0)
+    for n in range(50):
+        store.put(jvm.row("k", n), jvm.row(n), "default")
+    store.commit()
+    provider.doMaintenance()  # snapshot of version 1
+    store = jvm.store(provider, 1)
+    for n in range(0, 50, 2):
+        store.remove(jvm.row("k", n), "default")
+    store.commit()
+    provider.doMaintenance()  # snapshot of version 2; the deltas below it are dropped
+    fresh = jvm.store(jvm.provider(PROVIDER_CLASS, "small-chunks", spec, **confs), 2)
+    assert [k[1] for k, _ in jvm.rows(fresh.iterator("default"))] == list(range(1, 50, 2))
+    custom = jvm.jvm.scala.jdk.javaapi.CollectionConverters.asJava(
+        fresh.metrics().customMetrics()
+    )
+    assert {m.name(): v for m, v in custom.items()}["quorumstoreStoreLoads"] == 1
+    fresh.abort()
+
+
 def test_unreachable_cluster_fails_with_a_clear_error(jvm: Jvm) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -92,9 +92,10 @@ object Codec {
   }
 
   /** Cuts a stream of entries into data chunks of about `chunkBytes` each. */
-  final class ChunkWriter(chunkBytes: Int) extends Sink {
-    private val done = mutable.ArrayBuffer.empty[Array[Byte]]
+  /** Encodes entries into chunks of about `chunkBytes`, handing each to `emit` when full. */
+  final class ChunkWriter(chunkBytes: Int, emit: Array[Byte] => Unit) extends Sink {
     private var out = newChunk()
+    private var chunkCount = 0
     private var families = mutable.HashMap.empty[String, Int]
     private var entryCount = 0L
     private var payloadBytes = 0L
@@ -110,7 +111,7 @@ object Codec {
     private def entry(): Unit = {
       entryCount += 1
       if (out.size() >= chunkBytes) {
-        done += out.toByteArray
+        emitChunk()
         out = newChunk()
         families = mutable.HashMap.empty
       }
@@ -133,14 +134,17 @@ object Codec {
       entry()
     }
 
+    private def emitChunk(): Unit = {
+      emit(out.toByteArray)
+      chunkCount += 1
+    }
+
     def entries: Long = entryCount
     def bytes: Long = payloadBytes
+    def chunks: Int = chunkCount
 
-    /** The chunks (a trailing empty one dropped); no more entries afterwards. */
-    def finish(): Seq[Array[Byte]] = {
-      if (out.size() > 1) done += out.toByteArray
-      done.toSeq
-    }
+    /** Emits the last chunk unless it is empty; no more entries afterwards. */
+    def finish(): Unit = if (out.size() > 1) emitChunk()
   }
 
   def readChunk(chunk: Array[Byte], sink: Sink): Unit = {

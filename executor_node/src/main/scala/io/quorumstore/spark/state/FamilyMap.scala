@@ -6,6 +6,7 @@ import java.util.{Arrays, Map => JMap}
 
 import scala.annotation.tailrec
 import scala.collection.mutable
+import scala.jdk.CollectionConverters._
 
 /**
  * Sorted entries packed into one byte array: entry i's key is data[starts(2i), starts(2i+1))
@@ -356,6 +357,15 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
     endAppending()
     val l = acquired()
     Bytes.merged(l.base.range(from, to), Bytes.range(l.recent, from, to))
+  }
+
+  /**
+   * Every entry as of now, read later from the base file alone: compacts first, so call it
+   * as the writer. Later changes do not show; the file stays open until the iterator ends.
+   */
+  def frozenEntries(): Iterator[JMap.Entry[Array[Byte], Array[Byte]]] = {
+    compact()
+    acquired().base.range(None, None).asScala
   }
 
   /** Frees the base file (once current readers are done); later reads fail. */

@@ -152,14 +152,15 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
       parentUid: String,
       view: StateView,
       expectedHeadVersionId: Long): CommitStats = {
-    val writer = new Codec.ChunkWriter(conf.chunkBytes)
+    val sender = new ChunkSender(Delta, version, uid)
+    val writer = new Codec.ChunkWriter(conf.chunkBytes, sender.add)
     view.replay(writer)
-    val chunks = writer.finish()
-    val header = CommitHeader(parentUid, chunks.size, writer.entries, writer.bytes)
+    writer.finish()
+    val header = CommitHeader(parentUid, writer.chunks, writer.entries, writer.bytes)
     val last = Seq(
       PutOp(keys.chunk(Delta, version, uid, 0), Codec.encodeHeader(header), pk),
       PutOp(keys.head, Codec.encodeHead(Head(version, uid)), pk, Some(expectedHeadVersionId)))
-    val (result, retried) = writeChunks(Delta, version, uid, chunks, last)
+    val (result, retried) = sender.finish(last)
     if (result.puts.last.status != OxiaStatus.Ok) {
       val committedAnyway = retried && readHead().exists(_._1 == Head(version, uid))
       if (!committedAnyway) {
@@ -173,37 +174,50 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
     CommitStats(writer.entries, writer.bytes)
   }
 
-  /** Writes the full state `map` as snapshot (version, uid); the header goes last. */
-  def writeSnapshot(version: Long, uid: String, chunks: Seq[Array[Byte]], entries: Long,
-      bytes: Long): Unit = {
-    val header = CommitHeader("", chunks.size, entries, bytes)
-    writeChunks(Snapshot, version, uid, chunks,
-      Seq(PutOp(keys.chunk(Snapshot, version, uid, 0), Codec.encodeHeader(header), pk)))
+  /**
+   * Writes snapshot (version, uid) of the entries `write` gives its sink, sending chunks as
+   * they fill rather than holding the state's encoding; the header goes last. The number of
+   * entries written.
+   */
+  def writeSnapshot(version: Long, uid: String, write: Codec.Sink => Unit): Long = {
+    val sender = new ChunkSender(Snapshot, version, uid)
+    val writer = new Codec.ChunkWriter(conf.chunkBytes, sender.add)
+    write(writer)
+    writer.finish()
+    val header = CommitHeader("", writer.chunks, writer.entries, writer.bytes)
+    sender.finish(Seq(PutOp(keys.chunk(Snapshot, version, uid, 0), Codec.encodeHeader(header), pk)))
+    writer.entries
   }
 
-  /** Sends the data chunks in requests of at most maxWriteBytes, then `last` with the rest. */
-  private def writeChunks(
-      kind: String,
-      version: Long,
-      uid: String,
-      chunks: Seq[Array[Byte]],
-      last: Seq[PutOp]): (WriteResult, Boolean) = {
-    val puts = chunks.zipWithIndex.map { case (c, i) => PutOp(keys.chunk(kind, version, uid, i + 1), c, pk) }
-    val batches = mutable.ArrayBuffer(mutable.ArrayBuffer.empty[PutOp])
-    var size = 0L
-    puts.foreach { p =>
-      if (batches.last.nonEmpty && size + p.value.length > conf.maxWriteBytes) {
-        batches += mutable.ArrayBuffer.empty[PutOp]
-        size = 0L
+  /**
+   * Sends one commit's data chunks (numbered from 1 as they are added) in requests of at
+   * most maxWriteBytes, then `last` with what is left, as the final request.
+   */
+  private final class ChunkSender(kind: String, version: Long, uid: String) {
+    private val pending = mutable.ArrayBuffer.empty[PutOp]
+    private var pendingBytes = 0L
+    private var index = 0
+
+    def add(chunk: Array[Byte]): Unit = {
+      index += 1
+      if (pending.nonEmpty && pendingBytes + chunk.length > conf.maxWriteBytes) send()
+      pending += PutOp(keys.chunk(kind, version, uid, index), chunk, pk)
+      pendingBytes += chunk.length
+    }
+
+    private def send(): Unit = {
+      client.write(pk, pending.toSeq, Nil, timeout)
+      pending.clear()
+      pendingBytes = 0L
+    }
+
+    /** The final request's result, and whether it was sent more than once. */
+    def finish(last: Seq[PutOp]): (WriteResult, Boolean) = {
+      if (pending.nonEmpty && pendingBytes + last.map(_.value.length).sum > conf.maxWriteBytes) {
+        send()
       }
-      batches.last += p
-      size += p.value.length
+      client.write(pk, (pending ++ last).toSeq, Nil, timeout)
     }
-    if (batches.last.nonEmpty && size + last.map(_.value.length).sum > conf.maxWriteBytes) {
-      batches += mutable.ArrayBuffer.empty[PutOp]
-    }
-    batches.init.foreach(b => client.write(pk, b.toSeq, Nil, timeout))
-    client.write(pk, (batches.last ++ last).toSeq, Nil, timeout)
   }
 
   /** Best-effort removal of one commit's records (after losing a commit race). */

@@ -188,20 +188,20 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     }
   }
 
-  /** Writes a snapshot of the local copy when `snapshotInterval` versions have passed. */
+  /**
+   * Writes a snapshot of the local copy when `snapshotInterval` versions have passed: frozen
+   * under the state lock, encoded and sent without it, so commits go on meanwhile.
+   */
   private def snapshot(force: Boolean): Unit = {
     val due = synchronized {
       local.filter(l => l.version > lastSnapshotVersion &&
-        (force || l.version - lastSnapshotVersion >= conf.snapshotInterval)).map { l =>
-        val out = new Codec.ChunkWriter(conf.chunkBytes)
-        l.map.writeTo(out)
-        (l, out.finish(), out.entries, out.bytes)
-      }
+        (force || l.version - lastSnapshotVersion >= conf.snapshotInterval))
+        .map(l => (l, l.map.frozen()))
     }
-    due.foreach { case (l, chunks, entries, bytes) =>
-      partition.writeSnapshot(l.version, l.uid, chunks, entries, bytes)
+    due.foreach { case (l, entries) =>
+      val written = partition.writeSnapshot(l.version, l.uid, entries)
       synchronized { lastSnapshotVersion = math.max(lastSnapshotVersion, l.version) }
-      logInfo(s"wrote snapshot of version ${l.version} of $partitionKey ($entries keys)")
+      logInfo(s"wrote snapshot of version ${l.version} of $partitionKey ($written keys)")
     }
   }
 

@@ -133,12 +133,18 @@ final class StateMap(localDir: java.io.File, loading: Boolean = false) extends C
     bulk = false
   }
 
-  /** The whole state as snapshot entries: family creations, then every key. */
-  def writeTo(out: Codec.ChunkWriter): Unit = {
+  /**
+   * The whole state as it is now, as snapshot entries (family creations, then every key),
+   * for writing without the state lock: call this under it; the function it returns gives
+   * the entries to a sink later, unaffected by changes made meanwhile (every family is
+   * compacted here, and its base file, immutable, is held until read).
+   */
+  def frozen(): Codec.Sink => Unit = {
     val names = familyNames.toSeq.sorted
-    names.filter(_ != StateMap.DefaultFamily).foreach(out.createFamily)
-    names.foreach { name =>
-      families.get(name).range(None, None).foreach(e => out.put(name, e.getKey, e.getValue))
+    val entries = names.map(name => name -> families.get(name).frozenEntries())
+    out => {
+      names.filter(_ != StateMap.DefaultFamily).foreach(out.createFamily)
+      entries.foreach { case (name, it) => it.foreach(e => out.put(name, e.getKey, e.getValue)) }
     }
   }
 }
