@@ -64,7 +64,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="module")
-def spark(cluster: LocalCluster) -> Iterator[SparkSession]:
+def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state-local-copies")
+
+
+@pytest.fixture(scope="module")
+def spark(cluster: LocalCluster, local_dir: Path) -> Iterator[SparkSession]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark import SparkContext
@@ -84,7 +89,8 @@ def spark(cluster: LocalCluster) -> Iterator[SparkSession]:
         # The reference provider commits faster with changelog checkpointing; same results.
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     )
-    for key, value in spark_confs(",".join(cluster.nodes), timeout_ms=60_000).items():
+    confs = spark_confs(",".join(cluster.nodes), timeout_ms=60_000, local_dir=str(local_dir))
+    for key, value in confs.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
@@ -508,16 +514,25 @@ def test_local_copy_is_unlinked_in_the_local_dir_and_a_bad_dir_is_named(
     # Unset, it is the first of Spark's local directories (no SPARK_LOCAL_DIRS etc. here).
     assert not {"SPARK_EXECUTOR_DIRS", "SPARK_LOCAL_DIRS", "CONTAINER_ID"} & set(os.environ)
     spark_conf = jvm.spark._jsc.sc().conf()  # the SparkConf SparkEnv holds
-    saved = spark_conf.getOption("spark.local.dir")
-    spark_conf.set("spark.local.dir", f"{tmp_path / 'first'},{tmp_path / 'second'}")
+    changed = {
+        "spark.local.dir": f"{tmp_path / 'first'},{tmp_path / 'second'}",
+        "spark.quorumstore.stateStore.localDir": None,  # the session sets it
+    }
+    saved = {key: spark_conf.getOption(key) for key in changed}
+
+    def apply(values: dict[str, str | None]) -> None:
+        for key, value in values.items():
+            if value is None:
+                spark_conf.remove(key)
+            else:
+                spark_conf.set(key, value)
+
+    apply(changed)
     try:
         conf_from = getattr(jvm.jvm.io.quorumstore.spark.state.QuorumConf, "from")
         default = conf_from(None).localDir()
     finally:
-        if saved.isDefined():
-            spark_conf.set("spark.local.dir", saved.get())
-        else:
-            spark_conf.remove("spark.local.dir")
+        apply({key: value.get() if value.isDefined() else None for key, value in saved.items()})
     assert default.getPath() == str(tmp_path / "first")
 
     not_a_dir = tmp_path / "a-file"
@@ -659,6 +674,7 @@ def test_streaming_aggregation_update_mode(spark: SparkSession, tmp_path: Path) 
         "quorumstoreCommitKeys",
         "quorumstoreCommitBytes",
         "quorumstoreLoadTimeMs",
+        "quorumstoreLocalDiskBytes",
     } <= set(metrics)
 
 
@@ -778,10 +794,11 @@ def test_restart_from_checkpoint_continues(spark: SparkSession, tmp_path: Path) 
         restarted.run(build(restarted), "update")
         outputs[short] = run.outputs + restarted.outputs
         if short == "quorumstore":
-            loads = restarted.progress[0]["stateOperators"][0]["customMetrics"][
-                "quorumstoreStoreLoads"
-            ]
+            metrics = restarted.progress[0]["stateOperators"][0]["customMetrics"]
+            loads = metrics["quorumstoreStoreLoads"]
             assert loads >= 1, "the restarted run should have loaded its state from quorumstore"
+            # The load packed the state into files under the session's localDir, unlinked.
+            assert metrics["quorumstoreLocalDiskBytes"] > 0
     assert [b for b, _ in outputs["quorumstore"]] == list(range(4))
     assert outputs["quorumstore"] == outputs["rocksdb"]
 

@@ -44,12 +44,14 @@ def spark_confs(
     prefix: str | None = None,
     timeout_ms: int | None = None,
     snapshot_interval: int | None = None,
+    local_dir: str | None = None,
 ) -> dict[str, str]:
     """Spark confs that make quorumstore (at `address`, "host:port[,host:port...]") the
     state store of every streaming query of the session.
 
     The jar goes on the driver's and executors' class path as well as in `spark.jars`:
-    Spark loads the provider class by name from its own class loader.
+    Spark loads the provider class by name from its own class loader. `local_dir` is where
+    executors keep their local copies of the state (default: Spark's first local dir).
     """
     jar = str(state_store_jar())
     confs = {
@@ -64,6 +66,7 @@ def spark_confs(
         "spark.quorumstore.stateStore.prefix": prefix,
         "spark.quorumstore.timeoutMs": timeout_ms,
         "spark.quorumstore.stateStore.snapshotInterval": snapshot_interval,
+        "spark.quorumstore.stateStore.localDir": local_dir,
     }
     confs.update({key: str(value) for key, value in optional.items() if value is not None})
     return confs
