@@ -17,6 +17,7 @@ from quorumstore.protocol.messages import (
     BecomeLeader,
     NewTerm,
     Outbound,
+    SnapshotReceived,
     Truncate,
 )
 from quorumstore.protocol.replica import NotLeaderError, ShardReplica
@@ -166,5 +167,31 @@ def test_seed001_commit_offset_needs_a_majority_of_acks():
     cluster._drive("l")
     cluster.run()
     assert leader.commit_offset == offset  # leader + f1 of 3
-    assert cluster.replicas["f1"].commit_offset == offset  # learned from the next Append
+    # A commit offset alone is not pushed at once: the next Append or tick carries it.
+    assert cluster.replicas["f1"].commit_offset == offset - 1
+    leader.tick()
+    cluster._drive("l")
+    cluster.run()
+    assert cluster.replicas["f1"].commit_offset == offset
     assert logs["f2"].head.offset == -1
+
+
+def test_seed002_a_late_snapshot_never_discards_entries_the_follower_holds():
+    """A follower that restarted (so forgot which offsets it matched) receives a snapshot
+    of a prefix its log already holds -- delayed, or repeated: it keeps its log, whose
+    tail it may have acked, and acks its real head."""
+    log = _log_with([4, 4, 4])
+    # Restarted: nothing matched yet in this term, nothing known committed.
+    follower = ShardReplica("f", SHARD, log, term=4, commit_offset=-1, noop_payload=NOOP)
+    prefix = log.position_at(0)
+    follower.step(SnapshotReceived(SHARD, 4, "leader", prefix))
+    ready = follower.ready()
+    assert ready.install_snapshot is None and ready.truncate_after is None
+    assert log.head.offset == 2 and follower.role is Role.FOLLOWER
+    assert follower.commit_offset == 0 and follower.matched_offset == 0
+    (ack,) = [out.message for out in ready.send_after_sync if isinstance(out.message, Ack)]
+    assert ack.status is AckStatus.OK and ack.follower_head == log.head
+    # A snapshot of a position the log does not hold still replaces it.
+    other = LogPosition(4, 5, 123)
+    follower.step(SnapshotReceived(SHARD, 4, "leader", other))
+    assert follower.ready().install_snapshot == other

@@ -176,6 +176,8 @@ class ShardReplica:
             if cursor.state is CursorState.SNAPSHOT:
                 patience *= self.config.snapshot_patience
             if cursor.idle_ticks < patience:
+                if cursor.state is CursorState.REPLICATE:
+                    self._send_append(cursor, commit=True)
                 continue
             cursor.idle_ticks = 0
             if cursor.state in (CursorState.REPLICATE, CursorState.PROBE):
@@ -206,7 +208,7 @@ class ShardReplica:
         if self.role is Role.LEADER:
             for cursor in self._cursors.values():
                 if cursor.state is CursorState.REPLICATE:
-                    self._send_append(cursor, heartbeat=False)
+                    self._send_append(cursor)
         if self._ack_due and self.leader is not None:
             self._ack_due = False
             head = self._log.head
@@ -356,8 +358,15 @@ class ShardReplica:
         cursor.truncate_to = None
         self._ready.snapshots.append(SendSnapshot(self.shard, self.term, cursor.name))
 
-    def _send_append(self, cursor: FollowCursor, *, heartbeat: bool) -> None:
-        """Pushes what the follower lacks; a heartbeat (or probe) when there is nothing."""
+    def _send_append(self, cursor: FollowCursor, *, heartbeat: bool = False, commit: bool = False) -> None:
+        """Pushes what the follower lacks. With nothing to push, an empty Append goes out
+        as a heartbeat (or probe), or, with `commit`, when the follower has not been told
+        the commit offset yet.
+
+        A commit offset alone waits for the next tick instead of going out at once: under
+        load the next entry's Append carries it anyway, and a message per commit would
+        double the messages (and their acks) per entry. Followers only apply later for it.
+        """
         if cursor.next_offset <= self._log.base.offset:
             self._start_snapshot(cursor)  # what it needs next was trimmed away
             return
@@ -382,7 +391,7 @@ class ShardReplica:
         if sent:
             self._sent_commit[cursor.name] = self.commit_offset
             return
-        if heartbeat or self._sent_commit.get(cursor.name, -2) != self.commit_offset:
+        if heartbeat or (commit and self._sent_commit.get(cursor.name, -2) != self.commit_offset):
             # An empty Append carries the commit offset and probes that the prefix matches.
             prev_offset = cursor.next_offset - 1
             prev = self._log.position_at(prev_offset) if prev_offset >= 0 else EMPTY_POSITION
@@ -505,8 +514,17 @@ class ShardReplica:
         if self._refuse_stale(msg.leader, msg.term):
             return
         position = msg.position
-        if position.offset > self.commit_offset and position.offset >= self._matched:
-            self._log.reset(position)
+        log = self._log
+        if 0 <= position.offset and log.base.offset <= position.offset <= log.head.offset and (
+            log.position_at(position.offset).checksum == position.checksum
+        ):
+            # Our log already holds the snapshot's prefix (a late or repeated snapshot, or
+            # one that crossed our catching up): keep it, and every entry after it, which
+            # we may have acked -- a restart forgets `_matched`, not the acks.
+            self._matched = max(self._matched, position.offset)
+            self.commit_offset = max(self.commit_offset, position.offset)
+        elif position.offset > self.commit_offset and position.offset >= self._matched:
+            log.reset(position)
             self._matched = position.offset
             self.commit_offset = position.offset
         self._transition(Trigger.SNAPSHOT)
