@@ -181,12 +181,19 @@ def ack_from_pb(r: pb.Ack, follower: str) -> Ack:
 
 def truncate_to_pb(m: Truncate) -> pb.TruncateRequest:
     return pb.TruncateRequest(
-        namespace=m.shard[0], shard=m.shard[1], term=m.term, head=position_to_pb(m.head), leader_name=m.leader
+        namespace=m.shard[0],
+        shard=m.shard[1],
+        term=m.term,
+        head=position_to_pb(m.head),
+        leader_name=m.leader,
+        follower_head=position_to_pb(m.follower_head),
     )
 
 
 def truncate_from_pb(r: pb.TruncateRequest) -> Truncate:
-    return Truncate((r.namespace, r.shard), r.term, r.leader_name, position_from_pb(r.head))
+    return Truncate(
+        (r.namespace, r.shard), r.term, r.leader_name, position_from_pb(r.head), position_from_pb(r.follower_head)
+    )
 
 
 def truncate_response_to_pb(m: TruncateResponse) -> pb.TruncateResponse:

@@ -195,3 +195,24 @@ def test_seed002_a_late_snapshot_never_discards_entries_the_follower_holds():
     other = LogPosition(4, 5, 123)
     follower.step(SnapshotReceived(SHARD, 4, "leader", other))
     assert follower.ready().install_snapshot == other
+
+
+def test_seed000_a_repeated_truncate_never_cuts_entries_the_follower_acked_since():
+    """A follower is truncated, catches up and acks; it restarts (forgetting which offsets
+    it matched) and a repeat of the old Truncate arrives: its log, acked entries
+    included, stays as it is, and the leader still converges it."""
+    cluster = Cluster({"leader": _log_with([1, 1, 3, 3]), "f": _log_with([1, 1, 2, 2, 2])}, term=3)
+    cluster.step("leader", NewTerm(SHARD, 4))
+    cluster.step("f", NewTerm(SHARD, 4))
+    cluster.step("leader", BecomeLeader(SHARD, 4, 2, {"f": cluster.logs["f"].head}))
+    cluster.run()
+    (truncate,) = [out.message for out in cluster.delivered if isinstance(out.message, Truncate)]
+    assert cluster.entries("f") == cluster.entries("leader")
+    acked = cluster.logs["f"].head
+    assert cluster.replicas["leader"].commit_offset == acked.offset == 4
+
+    cluster.replicas["f"] = ShardReplica("f", SHARD, cluster.logs["f"], term=4, commit_offset=-1, noop_payload=NOOP)
+    cluster.step("f", truncate)
+    assert cluster.logs["f"].head == acked
+    cluster.run()
+    assert cluster.entries("f") == cluster.entries("leader")

@@ -302,18 +302,20 @@ class Ack(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., status: _Optional[_Union[AckStatus, str]] = ..., follower_head: _Optional[_Union[LogPosition, _Mapping]] = ...) -> None: ...
 
 class TruncateRequest(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "head", "leader_name")
+    __slots__ = ("namespace", "shard", "term", "head", "leader_name", "follower_head")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     LEADER_NAME_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_HEAD_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
     head: LogPosition
     leader_name: str
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., leader_name: _Optional[str] = ...) -> None: ...
+    follower_head: LogPosition
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., leader_name: _Optional[str] = ..., follower_head: _Optional[_Union[LogPosition, _Mapping]] = ...) -> None: ...
 
 class TruncateResponse(_message.Message):
     __slots__ = ("namespace", "shard", "term", "head")

@@ -127,10 +127,13 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class Truncate:
+    """Cut the follower's log after `head`, if its own head is still `follower_head`."""
+
     shard: ShardKey
     term: int
     leader: str
     head: LogPosition
+    follower_head: LogPosition
 
 
 @dataclass(frozen=True, slots=True)

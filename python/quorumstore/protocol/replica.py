@@ -123,6 +123,8 @@ class FollowCursor:
     acked_offset: int = -1
     idle_ticks: int = 0
     truncate_to: LogPosition | None = None
+    #: The follower head `truncate_to` was chosen for.
+    truncate_from: LogPosition | None = None
 
     @property
     def last_pushed(self) -> int:
@@ -185,8 +187,7 @@ class ShardReplica:
                 cursor.next_offset = cursor.acked_offset + 1
                 self._send_append(cursor, heartbeat=True)
             elif cursor.state is CursorState.TRUNCATING:
-                assert cursor.truncate_to is not None
-                self._send(cursor.name, Truncate(self.shard, self.term, self.node, cursor.truncate_to))
+                self._send_truncate(cursor)
             else:
                 self._ready.snapshots.append(SendSnapshot(self.shard, self.term, cursor.name))
 
@@ -331,7 +332,7 @@ class ShardReplica:
         if fh.offset <= head.offset and (fh.offset < 0 or self._log.position_at(fh.offset).checksum == fh.checksum):
             # The follower's log is a prefix of ours (chain checksums match): push the rest.
             cursor.state = CursorState.REPLICATE
-            cursor.truncate_to = None
+            cursor.truncate_to = cursor.truncate_from = None
             cursor.next_offset = fh.offset + 1
             if fh.offset > cursor.acked_offset:
                 cursor.acked_offset = fh.offset
@@ -351,11 +352,16 @@ class ShardReplica:
             return
         cursor.state = CursorState.TRUNCATING
         cursor.truncate_to = target
-        self._send(cursor.name, Truncate(self.shard, self.term, self.node, target))
+        cursor.truncate_from = fh
+        self._send_truncate(cursor)
+
+    def _send_truncate(self, cursor: FollowCursor) -> None:
+        assert cursor.truncate_to is not None and cursor.truncate_from is not None
+        self._send(cursor.name, Truncate(self.shard, self.term, self.node, cursor.truncate_to, cursor.truncate_from))
 
     def _start_snapshot(self, cursor: FollowCursor) -> None:
         cursor.state = CursorState.SNAPSHOT
-        cursor.truncate_to = None
+        cursor.truncate_to = cursor.truncate_from = None
         self._ready.snapshots.append(SendSnapshot(self.shard, self.term, cursor.name))
 
     def _send_append(self, cursor: FollowCursor, *, heartbeat: bool = False, commit: bool = False) -> None:
@@ -502,7 +508,10 @@ class ShardReplica:
         target = msg.head
         head = self._log.head
         floor = max(self._matched, self.commit_offset)
-        if floor <= target.offset < head.offset:
+        # Only the log the leader decided on is cut: a repeated or late Truncate must not
+        # cut entries appended (and acked) since, which a restart makes us forget we
+        # matched. Otherwise our head in the answer lets the leader decide again.
+        if head == msg.follower_head and floor <= target.offset < head.offset:
             self._log.truncate_after(target.offset)
         self._transition(Trigger.TRUNCATE)
         self.leader = msg.leader
