@@ -64,7 +64,6 @@ from quorumstore.storage.sequences import format_key
 from quorumstore.storage.state_machine import (
     EntryResult,
     KeyComparison,
-    OpResult,
     Record,
     ShardReader,
     Status,
@@ -226,24 +225,16 @@ def _chunks(
         yield chunk
 
 
-def _version(record: Record) -> pb.Version:
-    return pb.Version(
-        version_id=record.version_id,
-        modifications_count=record.modifications_count,
-        created_timestamp=record.created_ms,
-        modified_timestamp=record.modified_ms,
-        session_id=record.session_id,
-        client_identity=record.client_identity,
-    )
-
-
-def _put_response(result: OpResult) -> pb.PutResponse:
-    response = pb.PutResponse(status=_STATUS[result.status])
-    if result.version is not None:
-        response.version.CopyFrom(_version(result.version))
-    if result.key is not None:
-        response.key = result.key
-    return response
+def _fill_version(version: pb.Version, record: Record) -> None:
+    """Sets `version` (a field of the response, filled in place: no copy) from `record`."""
+    version.version_id = record.version_id
+    version.modifications_count = record.modifications_count
+    version.created_timestamp = record.created_ms
+    version.modified_timestamp = record.modified_ms
+    if record.session_id is not None:
+        version.session_id = record.session_id
+    if record.client_identity is not None:
+        version.client_identity = record.client_identity
 
 
 def _write_response(request: pb.WriteRequest, result: EntryResult) -> pb.WriteResponse:
@@ -265,8 +256,7 @@ def _write_response(request: pb.WriteRequest, result: EntryResult) -> pb.WriteRe
         raise RuntimeError(
             f"entry {result.offset} returned {len(results)} results for {expected} operations"
         )
-    return pb.WriteResponse(
-        puts=[_put_response(r) for r in results[:n_puts]],
+    response = pb.WriteResponse(
         deletes=[
             pb.DeleteResponse(status=_STATUS[r.status])
             for r in results[n_puts : n_puts + n_deletes]
@@ -275,12 +265,21 @@ def _write_response(request: pb.WriteRequest, result: EntryResult) -> pb.WriteRe
             pb.DeleteRangeResponse(status=_STATUS[r.status]) for r in results[n_puts + n_deletes :]
         ],
     )
+    add_put = response.puts.add
+    for r in results[:n_puts]:
+        put = add_put(status=_STATUS[r.status])
+        if r.version is not None:
+            _fill_version(put.version, r.version)
+        if r.key is not None:
+            put.key = r.key
+    return response
 
 
 def _record_response(
     key: str, record: Record, include_value: bool, with_key: bool
 ) -> pb.GetResponse:
-    response = pb.GetResponse(status=pb.OK, version=_version(record))
+    response = pb.GetResponse(status=pb.OK)
+    _fill_version(response.version, record)
     if include_value:
         response.value = record.value
     if with_key:

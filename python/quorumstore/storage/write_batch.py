@@ -74,7 +74,9 @@ def _with_timestamp(timestamp_ms: int, origin: ClientSerial | None = None) -> pa
     metadata = {TIMESTAMP_KEY: str(int(timestamp_ms)).encode()}
     if origin is not None:
         if not origin.client_id or origin.serial < 0:
-            raise ValueError(f"an exactly-once write needs a client id and a serial >= 0, got {origin}")
+            raise ValueError(
+                f"an exactly-once write needs a client id and a serial >= 0, got {origin}"
+            )
         metadata[CLIENT_ID_KEY] = origin.client_id.encode()
         metadata[SERIAL_KEY] = str(int(origin.serial)).encode()
     return SCHEMA.with_metadata(metadata)
@@ -132,10 +134,11 @@ class WriteBatchBuilder:
     """Accumulates operations row by row; `build` turns them into an entry payload."""
 
     def __init__(self) -> None:
-        self._columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+        #: One tuple per op, in SCHEMA's column order; `build` transposes them.
+        self._rows: list[tuple] = []
 
     def __len__(self) -> int:
-        return len(self._columns["op"])
+        return len(self._rows)
 
     def _add(
         self,
@@ -155,21 +158,21 @@ class WriteBatchBuilder:
         indexes = None
         if secondary_indexes:
             indexes = [{"index_name": n, "secondary_key": k} for n, k in secondary_indexes]
-        row = (
-            op,
-            key,
-            end_key,
-            value,
-            expected_version_id,
-            session_id,
-            client_identity,
-            partition_key,
-            sequence_key_delta or None,
-            indexes,
-            session_timeout_ms,
+        self._rows.append(
+            (
+                op,
+                key,
+                end_key,
+                value,
+                expected_version_id,
+                session_id,
+                client_identity,
+                partition_key,
+                sequence_key_delta or None,
+                indexes,
+                session_timeout_ms,
+            )
         )
-        for column, item in zip(self._columns.values(), row):
-            column.append(item)
 
     def add_put(
         self,
@@ -210,8 +213,11 @@ class WriteBatchBuilder:
         self._add(Op.CLOSE_SESSION, "", session_id=session_id)
 
     def build(self, timestamp_ms: int, origin: ClientSerial | None = None) -> bytes:
+        n = len(self._rows)
+        columns = zip(*self._rows) if n else ([] for _ in SCHEMA)
         arrays = [
-            pa.array(column, field.type) for column, field in zip(self._columns.values(), SCHEMA)
+            pa.nulls(n, field.type) if column.count(None) == n else pa.array(column, field.type)
+            for column, field in zip(columns, SCHEMA)
         ]
         return encode_batch(
             pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
