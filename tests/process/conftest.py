@@ -307,6 +307,17 @@ class LocalCluster:
         self._drop_channel(node)
         return at
 
+    def pause(self, node: str) -> float:
+        """SIGSTOP of a node process (alive, silent: a long GC pause, a frozen VM); returns
+        the monotonic time of the pause. Teardown's SIGKILL ends it even while stopped."""
+        at = time.monotonic()
+        os.kill(self._processes[node].pid, signal.SIGSTOP)
+        return at
+
+    def resume(self, node: str) -> None:
+        """SIGCONT of a paused node: it goes on from where it stopped, unaware of the gap."""
+        os.kill(self._processes[node].pid, signal.SIGCONT)
+
     def restart(self, node: str) -> None:
         """Starts a stopped node again on its port and data directory; waits until it serves."""
         self._processes[node].start()

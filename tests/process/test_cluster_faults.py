@@ -2,7 +2,8 @@
 
 Every test runs real OS processes (`quorumstore node` x3 and `quorumstore coordinator`,
 see conftest.LocalCluster) and drives them with the official Oxia client. The faults
-are real too: kill -9, deleting a data directory, restarting on the same port.
+are real too: kill -9, SIGSTOP/SIGCONT, deleting a data directory, restarting on the
+same port.
 
 What "done" means, one test each:
 1. kill -9 of a shard's leader, 5 times in a row under 8 concurrent writers: writes
@@ -11,7 +12,8 @@ What "done" means, one test each:
 3. a follower that lost its data directory rejoins by snapshot and converges;
 4. kill -9 of the coordinator: the data path keeps working, and the restarted
    coordinator (same metadata) manages the shards it had (it elects a new leader);
-and the CLI's `cluster` command end to end.
+and the CLI's `cluster` command end to end. Also: a leader paused (SIGSTOP) until it is
+replaced, then resumed, acknowledges no write it did not keep.
 
 Failover times (kill -9 to the first acknowledged write issued after the kill) are
 printed in the terminal summary.
@@ -85,6 +87,43 @@ def test_leader_killed_five_times_under_concurrent_writes(
         f"min {min(failovers):.2f} s, mean {sum(failovers) / len(failovers):.2f} s, max {max(failovers):.2f} s; "
         f"{load.acked_count()} writes acknowledged to {load.clients} clients"
     )
+    measure("  " + load.verify())
+
+
+@pytest.mark.timeout(240)
+def test_paused_leader_replaced_and_resumed_acknowledges_nothing_it_lost(
+    make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
+) -> None:
+    """The leader of shard 0 is paused (SIGSTOP) under 8 writers until another node leads,
+    then resumed, 3 times. Writes sent to it meanwhile wait in its sockets; on waking it
+    still takes itself for the leader, proposes them, and learns of the new term and
+    leader only afterwards. None of them may be acknowledged unless it took effect:
+    every acknowledged write is read back with its value."""
+    cluster = make_cluster(nodes=3, shards=2, replication_factor=3)
+    shard = 0
+    load = write_load(cluster)
+    load.wait_for_write_after(time.monotonic(), None, 20, count=50)
+    for round_no in range(1, 4):
+        leader = cluster.leader_of(shard)
+        assert leader is not None
+        term = cluster.shard_metadata(shard).term
+        paused_at = cluster.pause(leader)
+        try:
+            # (Writers whose put waits on the paused node wait with it: the official
+            # client sets no deadline.)
+            new_leader, new_term = cluster.wait_new_leader(shard, not_on=leader, after_term=term)
+            elected_at = time.monotonic()
+        finally:
+            cluster.resume(leader)
+        first = load.wait_for_write_after(elected_at, shard, FAILOVER_TIMEOUT_S)
+        cluster.wait_following(leader, shard)
+        measure(
+            f"leader pause {round_no}: {leader} (term {term}) -> {new_leader} (term {new_term}) "
+            f"{elected_at - paused_at:.2f} s after the pause; resumed, it follows; first write "
+            f"issued after the election acknowledged {first.acked_at - elected_at:.2f} s after it"
+        )
+    load.wait_for_write_after(time.monotonic(), shard, FAILOVER_TIMEOUT_S, count=20)
+    load.stop()
     measure("  " + load.verify())
 
 

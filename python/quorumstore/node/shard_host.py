@@ -115,7 +115,9 @@ class ShardHost:
             noop_payload=_NOOP,
             config=replica_config,
         )
+        #: Writes proposed while leading in `_pending_term`, by offset.
         self._pending: dict[int, asyncio.Future[EntryResult]] = {}
+        self._pending_term = -1
         self._after_sync: list[Outbound] = []
         self._want_sync = False
         self._sync_in_flight = False
@@ -181,6 +183,7 @@ class ShardHost:
         offset = self.replica.propose(payload)
         future: asyncio.Future[EntryResult] = asyncio.get_running_loop().create_future()
         self._pending[offset] = future
+        self._pending_term = self.replica.term
         self._schedule_processing()
         return await future
 
@@ -251,7 +254,13 @@ class ShardHost:
             self._process()
 
     def _process(self) -> None:
-        was_leader = self.replica.role is Role.LEADER
+        if self._pending and not (
+            self.replica.role is Role.LEADER and self.replica.term == self._pending_term
+        ):
+            # Deposed (by the step that led here): the writes we proposed may be cut from
+            # the log, and the entries another leader writes at their offsets must not
+            # answer them.
+            self._fail_pending()
         ready = self.replica.ready()
         self._apply_storage(ready)
         for out in ready.send_now:
@@ -263,8 +272,6 @@ class ShardHost:
         self._apply_committed(ready.commit_offset)
         for request in ready.snapshots:
             self._transport.send_snapshot(self, request)
-        if was_leader and self.replica.role is not Role.LEADER:
-            self._fail_pending()
 
     def _apply_storage(self, ready: Ready) -> None:
         if ready.term is not None:

@@ -1,0 +1,77 @@
+"""ShardHost: the engine bound to a real WAL, KV and fsync thread (no network)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from quorumstore.node.shard_host import ShardHost
+from quorumstore.protocol.messages import Append, BecomeLeader, NewTerm, Outbound, SendSnapshot
+from quorumstore.protocol.replica import NotLeaderError
+from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, Role, make_entry
+from quorumstore.storage.write_batch import WriteBatchBuilder
+
+SHARD = ("default", 0)
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.sent: list[Outbound] = []
+
+    def send(self, sender: ShardHost, out: Outbound) -> None:
+        self.sent.append(out)
+
+    def send_snapshot(self, sender: ShardHost, request: SendSnapshot) -> None:
+        raise AssertionError(f"no snapshot expected, got {request}")
+
+
+def _put(key: str) -> bytes:
+    batch = WriteBatchBuilder()
+    batch.add_put(key, b"v")
+    return batch.build(1_700_000_000_000)
+
+
+async def _settle(host: ShardHost) -> None:
+    """Lets the host's fsync thread and scheduled processing run."""
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+
+
+def test_a_deposed_leader_fails_its_pending_writes_and_never_answers_them_with_other_entries(
+    tmp_path: Path,
+) -> None:
+    """A leader's writes still waiting for their quorum when a NewTerm deposes it are
+    refused as not-leader at once; the entries the next leader writes at the same
+    offsets, applied here as a follower, must not answer them."""
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as io:
+            host = ShardHost("a", SHARD, tmp_path / "a", RecordingTransport(), io)
+            try:
+                host.step(NewTerm(SHARD, 1))
+                host.step(BecomeLeader(SHARD, 1, 3, {"b": EMPTY_POSITION, "c": EMPTY_POSITION}))
+                assert host.replica.role is Role.LEADER
+                write = asyncio.ensure_future(host.write(_put("/lost")))  # no follower acks
+                await _settle(host)
+                assert not write.done()
+                offset = host.wal.head.offset
+
+                host.step(NewTerm(SHARD, 2))  # the coordinator moves on without us
+                # The new leader "b" writes its own entry at our write's offset, committed.
+                prev = host.wal.position_at(offset - 1)
+                other = make_entry(prev, 2, _put("/other"))
+                assert other.offset == offset
+                host.step(Append(SHARD, 2, "b", prev, (other,), other.offset))
+                await _settle(host)
+                assert host.replica.role is Role.FOLLOWER
+                assert host.machine.applied_position == LogPosition(2, other.offset, other.checksum)
+                assert write.done(), "the deposed leader's write is still pending"
+                with pytest.raises(NotLeaderError):
+                    write.result()  # not /other's result
+            finally:
+                host.close()
+
+    asyncio.run(scenario())
