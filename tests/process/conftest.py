@@ -307,16 +307,21 @@ class LocalCluster:
         self._drop_channel(node)
         return at
 
-    def pause(self, node: str) -> float:
-        """SIGSTOP of a node process (alive, silent: a long GC pause, a frozen VM); returns
-        the monotonic time of the pause. Teardown's SIGKILL ends it even while stopped."""
+    def pause(self, name: str) -> float:
+        """SIGSTOP of a node (by address) or of "coordinator" (alive but silent: a long GC
+        pause, a frozen VM); returns the monotonic time of the pause. Teardown's SIGKILL
+        ends it even while stopped."""
+        pid = self.pid(name)
+        assert pid is not None, f"{name} was never started"
         at = time.monotonic()
-        os.kill(self._processes[node].pid, signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP)
         return at
 
-    def resume(self, node: str) -> None:
-        """SIGCONT of a paused node: it goes on from where it stopped, unaware of the gap."""
-        os.kill(self._processes[node].pid, signal.SIGCONT)
+    def resume(self, name: str) -> None:
+        """SIGCONT of a paused process: it goes on from where it stopped, unaware of the gap."""
+        pid = self.pid(name)
+        assert pid is not None, f"{name} was never started"
+        os.kill(pid, signal.SIGCONT)
 
     def restart(self, node: str) -> None:
         """Starts a stopped node again on its port and data directory; waits until it serves."""
