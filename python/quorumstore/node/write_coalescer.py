@@ -3,10 +3,12 @@
 Oxia's clients send each write batch as its own request, and many callers' requests
 arrive at once; as separate entries each would pay the whole per-entry cost (encode,
 WAL record, replication round, apply on every replica). The coalescer queues them and
-sends everything queued as ONE entry, with at most `max_inflight` such entries in
-flight per shard: a lone request goes out on the next turn of the event loop, and under
-load the requests that arrive while entries are in flight share the next one (Nagle's
-rule, as the client's batcher applies it).
+sends everything queued as ONE entry, by Nagle's rule as the client's batcher applies
+it: a lone request goes out on the next turn of the event loop, and while a *partial*
+entry is in flight, the requests that arrive share the next one. Only *full* entries
+(cut at `max_ops` / `max_bytes`) may overlap it, up to `max_inflight` in all. Two partial entries in flight measured
+0.98k puts/s for 64 unary writers (4.6 requests per entry) against 1.3-1.5k with one,
+as the leader's fixed cost per entry is paid less often.
 
 An entry applies its operations in order, so requests merged in arrival order behave
 exactly as if each were its own entry, one after the other: each still sees its puts
@@ -22,6 +24,7 @@ merging those would hide an intermediate version that separate entries would sho
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
@@ -29,7 +32,7 @@ from typing import NamedTuple
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.storage.state_machine import EntryResult
 
-#: Merged entries of one shard in flight at once.
+#: Merged entries of one shard in flight at once (at most one of them not full).
 MAX_INFLIGHT = 2
 #: A merged entry closes at either bound (a single larger request still goes alone).
 MAX_OPS = 4096
@@ -71,18 +74,22 @@ class WriteCoalescer:
         self._max_ops = max_ops
         self._max_bytes = max_bytes
         self._queue: deque[_Queued] = deque()
+        self._queued_ops = 0
+        self._queued_bytes = 0
         self._inflight = 0
+        self._partial_inflight = False
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def write(self, request: pb.WriteRequest) -> EntryResult:
         """Replicates `request` (in a merged entry); its own results, in batch order."""
         future: asyncio.Future[EntryResult] = asyncio.get_running_loop().create_future()
-        self._queue.append(
-            _Queued(
-                request, operation_count(request), request.ByteSize(), _named_keys(request), future
-            )
+        queued = _Queued(
+            request, operation_count(request), request.ByteSize(), _named_keys(request), future
         )
+        self._queue.append(queued)
+        self._queued_ops += queued.ops
+        self._queued_bytes += queued.size
         self._schedule_flush()
         return await future
 
@@ -95,30 +102,45 @@ class WriteCoalescer:
         self._flush_scheduled = False
         loop = asyncio.get_running_loop()
         while self._queue and self._inflight < self._max_inflight:
-            group = [self._queue.popleft()]
-            ops, size, keys = group[0].ops, group[0].size, group[0].keys
-            while self._queue and keys is not None:
-                head = self._queue[0]
-                if (
-                    head.keys is None
-                    or not keys.isdisjoint(head.keys)
-                    or ops + head.ops > self._max_ops
-                    or size + head.size > self._max_bytes
-                ):
-                    break
-                group.append(self._queue.popleft())
-                ops += head.ops
-                size += head.size
-                keys |= head.keys
+            if self._partial_inflight and (
+                self._queued_ops < self._max_ops and self._queued_bytes < self._max_bytes
+            ):
+                return  # cannot fill an entry: the partial one's completion flushes again
+            count, full = self._next_group()
+            if not full and self._partial_inflight:
+                return
+            group = [self._queue.popleft() for _ in range(count)]
+            for queued in group:
+                self._queued_ops -= queued.ops
+                self._queued_bytes -= queued.size
             live = [queued for queued in group if not queued.future.done()]  # callers gone
             if not live:
                 continue
             self._inflight += 1
-            task = loop.create_task(self._send(live))
+            if not full:
+                self._partial_inflight = True
+            task = loop.create_task(self._send(live, partial=not full))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, group: list[_Queued]) -> None:
+    def _next_group(self) -> tuple[int, bool]:
+        """How many queued requests the next entry takes, and whether it is full (cut at
+        `max_ops` / `max_bytes`); one cut at a request that cannot join is not."""
+        first = self._queue[0]
+        ops, size, keys = first.ops, first.size, first.keys
+        count = 1
+        for head in itertools.islice(self._queue, 1, None):
+            if keys is None or head.keys is None or not keys.isdisjoint(head.keys):
+                break
+            if ops + head.ops > self._max_ops or size + head.size > self._max_bytes:
+                return count, True
+            count += 1
+            ops += head.ops
+            size += head.size
+            keys = keys | head.keys
+        return count, ops >= self._max_ops or size >= self._max_bytes
+
+    async def _send(self, group: list[_Queued], *, partial: bool) -> None:
         try:
             result = await self._replicate([queued.request for queued in group])
         except asyncio.CancelledError:  # the node is stopping
@@ -138,4 +160,6 @@ class WriteCoalescer:
                 start += queued.ops
         finally:
             self._inflight -= 1
+            if partial:
+                self._partial_inflight = False
             self._schedule_flush()
