@@ -91,7 +91,8 @@ class SimNode:
         self.machines: dict[ShardKey, ShardStateMachine] = {}
         self.after_sync: list[Outbound] = []
         self.staged: dict[ShardKey, SnapshotMessage] = {}
-        self.pending_writes: dict[tuple[ShardKey, int], int] = {}
+        #: (write id, term it was proposed in) of each write this node leads, by offset.
+        self.pending_writes: dict[tuple[ShardKey, int], tuple[int, int]] = {}
 
     def _replica(self, shard: ShardKey, create: bool) -> ShardReplica | None:
         replica = self.replicas.get(shard)
@@ -179,7 +180,7 @@ class SimNode:
         if replica is None or replica.role is not Role.LEADER:
             return False
         offset = replica.propose(payload)
-        self.pending_writes[(shard, offset)] = write_id
+        self.pending_writes[(shard, offset)] = (write_id, replica.term)
         self.process(shard)
         return True
 
@@ -203,9 +204,18 @@ class SimNode:
 
     # --- the driver loop ---------------------------------------------------------
 
+    def refuse_writes_of_lost_terms(self, shard: ShardKey, replica: ShardReplica) -> None:
+        """Once deposed, the writes this node proposed are refused as not-leader (as
+        ShardHost does), never answered by another leader's entries at their offsets."""
+        leading = replica.term if replica.role is Role.LEADER else None
+        for key, (_, term) in list(self.pending_writes.items()):
+            if key[0] == shard and term != leading:
+                del self.pending_writes[key]
+
     def process(self, shard: ShardKey) -> None:
         replica = self.replicas[shard]
         log = self.logs[shard]
+        self.refuse_writes_of_lost_terms(shard, replica)
         ready = replica.ready()
         if ready.term is not None:
             self.terms[shard] = ready.term
@@ -243,9 +253,9 @@ class SimNode:
         entries = [log.entry(o) for o in range(applied + 1, upto + 1)]
         machine.apply(entries)
         for e in entries:
-            write_id = self.pending_writes.pop((shard, e.offset), None)
-            if write_id is not None:
-                self.sim.acknowledge(shard, e, write_id)
+            pending = self.pending_writes.pop((shard, e.offset), None)
+            if pending is not None:
+                self.sim.acknowledge(shard, e, *pending)
 
 
 # ------------------------------------------------------------------------- coordinator
@@ -335,7 +345,12 @@ class Simulation:
     def send(self, src: str, dst: str, msg: object) -> None:
         self.network.append((src, dst, msg))
 
-    def acknowledge(self, shard: ShardKey, entry: LogEntry, write_id: int) -> None:
+    def acknowledge(self, shard: ShardKey, entry: LogEntry, write_id: int, term: int) -> None:
+        if entry.term != term:
+            self.fail(
+                f"write {write_id}, proposed in term {term} at {shard[1]}/{entry.offset}, was "
+                f"acknowledged with another entry there (term {entry.term})"
+            )
         history = self.history[shard]
         history.acked[entry.offset] = entry.checksum
         self.log(f"ack write {write_id} at {shard[1]}/{entry.offset}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from harness import InvariantViolation, SimConfig, run_seed
+from harness import InvariantViolation, SimConfig, SimNode, run_seed
 
 import quorumstore.protocol.replica as replica_module
 from quorumstore.protocol import election, quorum
@@ -83,3 +83,11 @@ def test_skipping_truncation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(replica_module.ShardReplica, "_reconcile", trusting)
     _first_failing_seed(3, range(1500))
+
+
+def test_answering_a_deposed_leaders_writes_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver keeps a deposed leader's writes and answers them with whatever entry is
+    later applied at their offsets (the ShardHost bug of tests/unit/test_shard_host.py)."""
+    monkeypatch.setattr(SimNode, "refuse_writes_of_lost_terms", lambda self, shard, replica: None)
+    failure = _first_failing_seed(3, range(500))
+    assert "was acknowledged with another entry there" in str(failure)
