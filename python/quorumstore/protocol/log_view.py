@@ -86,6 +86,15 @@ class LogView:
             return self._reset_to
         return self._reader.position_at(offset)
 
+    def holds(self, position: LogPosition) -> bool:
+        """Whether the log holds `position` (same chain checksum there, so the same prefix
+        up to it); every log holds the empty prefix."""
+        if position.offset < 0:
+            return True
+        if not self.base.offset <= position.offset <= self.head.offset:
+            return False
+        return self.position_at(position.offset).checksum == position.checksum
+
     def read(self, from_offset: int, max_entries: int, max_bytes: int) -> Sequence[LogEntry]:
         stored_head = self._stored_head().offset
         out: list[LogEntry] = []

@@ -329,7 +329,7 @@ class ShardReplica:
         if fh.offset < base.offset:
             self._start_snapshot(cursor)
             return
-        if fh.offset <= head.offset and (fh.offset < 0 or self._log.position_at(fh.offset).checksum == fh.checksum):
+        if self._log.holds(fh):
             # The follower's log is a prefix of ours (chain checksums match): push the rest.
             cursor.state = CursorState.REPLICATE
             cursor.truncate_to = cursor.truncate_from = None
@@ -523,17 +523,14 @@ class ShardReplica:
         if self._refuse_stale(msg.leader, msg.term):
             return
         position = msg.position
-        log = self._log
-        if 0 <= position.offset and log.base.offset <= position.offset <= log.head.offset and (
-            log.position_at(position.offset).checksum == position.checksum
-        ):
+        if self._log.holds(position):
             # Our log already holds the snapshot's prefix (a late or repeated snapshot, or
             # one that crossed our catching up): keep it, and every entry after it, which
             # we may have acked -- a restart forgets `_matched`, not the acks.
             self._matched = max(self._matched, position.offset)
             self.commit_offset = max(self.commit_offset, position.offset)
         elif position.offset > self.commit_offset and position.offset >= self._matched:
-            log.reset(position)
+            self._log.reset(position)
             self._matched = position.offset
             self.commit_offset = position.offset
         self._transition(Trigger.SNAPSHOT)

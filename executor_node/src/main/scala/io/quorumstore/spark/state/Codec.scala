@@ -91,7 +91,6 @@ object Codec {
     def delete(family: String, key: Array[Byte]): Unit
   }
 
-  /** Cuts a stream of entries into data chunks of about `chunkBytes` each. */
   /** Encodes entries into chunks of about `chunkBytes`, handing each to `emit` when full. */
   final class ChunkWriter(chunkBytes: Int, emit: Array[Byte] => Unit) extends Sink {
     private var out = newChunk()
