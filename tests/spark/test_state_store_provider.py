@@ -86,6 +86,9 @@ def spark(cluster: LocalCluster, local_dir: Path) -> Iterator[SparkSession]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # Spark's maintenance thread (snapshots, retention) runs every second, not every
+        # minute, so that a test sees it act.
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
         # The reference provider commits faster with changelog checkpointing; same results.
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     )
@@ -839,6 +842,53 @@ def test_leader_kill_during_query_keeps_results(
         for node in killed:
             cluster.restart(node)
     assert killed, "no leader was killed"
+    assert run.outputs == reference.outputs
+
+
+def test_sparks_maintenance_thread_snapshots_and_drops_old_versions(
+    spark: SparkSession, tmp_path: Path, cluster: LocalCluster
+) -> None:
+    """In a running query, Spark's own maintenance (not a direct call) writes snapshots and
+    deletes the versions below minBatchesToRetain; results stay those of RocksDB."""
+    from quorumstore import Client
+
+    batches = _keys_batches(batches=8)
+    confs = {
+        "spark.sql.streaming.minBatchesToRetain": "2",
+        "spark.quorumstore.stateStore.snapshotInterval": "2",
+    }
+
+    def build(run: Run) -> DataFrame:
+        return run.source("events", batches).groupBy("k").agg(F.count("*").alias("n"))
+
+    reference = Run(spark, tmp_path / "rocksdb", ROCKSDB_PROVIDER_CLASS, confs)
+    reference.run(build(reference), "update")
+
+    run = Run(spark, tmp_path / "quorumstore", PROVIDER_CLASS, confs)
+    seen: dict[str, list[int]] = {}
+
+    def versions(client: Client, pk: str, kind: str) -> list[int]:
+        keys = client.list(f"{pk}/{kind}/{0:020d}//", f"{pk}/{kind}/~//", partition_key=pk)
+        return sorted({int(k.split("/")[-3]) for k in keys})
+
+    def await_maintenance(batch_id: int) -> None:
+        # Before batch 6 commits: versions 1..6 are committed, 5 and 6 must stay loadable.
+        if batch_id != 6:
+            return
+        pk = f"statestore/{spark.streams.active[0].id}/0/0/default"
+        with Client(",".join(cluster.nodes)) as client:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                seen["snapshot"] = versions(client, pk, "snapshot")
+                seen["delta"] = versions(client, pk, "delta")
+                if seen["snapshot"] and 1 not in seen["delta"]:
+                    return
+                time.sleep(0.2)
+
+    run.run(build(run), "update", on_batch=await_maintenance)
+    assert seen["snapshot"], f"no snapshot was written by Spark's maintenance: {seen}"
+    assert 1 not in seen["delta"], f"old deltas were not dropped: {seen}"
+    assert {5, 6} <= set(seen["delta"]) | set(seen["snapshot"]), seen
     assert run.outputs == reference.outputs
 
 

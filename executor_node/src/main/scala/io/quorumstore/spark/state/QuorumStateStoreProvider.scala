@@ -205,14 +205,25 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     }
   }
 
-  /** Snapshots the local copy when due and drops versions Spark can no longer ask for. */
-  override def doMaintenance(): Unit = if (partition != null) {
-    try {
-      snapshot(force = false)
-      partition.cleanup(storeConf.minVersionsToRetain)
-    } catch {
+  // Spark 4.3's maintenance thread runs the snapshot and the cleanup as separate operations,
+  // on separate pools, and calls doMaintenance only when it unloads a provider.
+
+  /** Snapshots the local copy when due. */
+  override def doSnapshotMaintenance(): Unit = maintain("snapshot")(snapshot(force = false))
+
+  /** Drops the versions Spark can no longer ask for. */
+  override def doCleanupMaintenance(): Unit =
+    maintain("cleanup")(partition.cleanup(storeConf.minVersionsToRetain))
+
+  override def doMaintenance(): Unit = {
+    doSnapshotMaintenance()
+    doCleanupMaintenance()
+  }
+
+  private def maintain(what: String)(work: => Unit): Unit = if (partition != null) {
+    try work catch {
       // The next round retries; failing here would only unload the provider.
-      case NonFatal(e) => logWarning(s"maintenance of $partitionKey failed: $e")
+      case NonFatal(e) => logWarning(s"$what maintenance of $partitionKey failed: $e")
     }
   }
 
