@@ -425,7 +425,7 @@ def test_maintenance_snapshots_and_drops_old_versions(jvm: Jvm) -> None:
 
 
 def test_a_load_reads_its_chunks_a_few_at_a_time(jvm: Jvm) -> None:
-    """Chunks above half the load's read size: every chunk of every delta is its own read."""
+    """Chunks above the load's read size: every chunk of every delta is its own read."""
     spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
     confs = {
         "quorum_confs": {

@@ -111,6 +111,20 @@ private final class BaseFile(file: RandomAccessFile, firstKeys: Array[Array[Byte
     }
   }
 
+  /** A membership test for keys asked in ascending order, reading each block at most once. */
+  def ascendingContains(): Array[Byte] => Boolean = {
+    var cached = -1
+    var run: PackedRun = null
+    key => {
+      val b = blockOf(key)
+      b >= 0 && {
+        if (b != cached) { run = block(b); cached = b }
+        val i = run.lowerBound(key)
+        i < run.size && run.compareKey(i, key) == 0
+      }
+    }
+  }
+
   /**
    * Entries with from <= key < to, either bound optional, reading one block at a time, for a
    * reader that acquired the file: the iterator releases it when it reaches its end.
@@ -233,8 +247,8 @@ private final class BaseFileWriter(dir: File, blockBytes: Int) {
  * BaseFile) so that a compaction closes it only after them; the writer, who alone replaces
  * it, reads it freely.
  *
- * A bulk load (`load`, `loadRemoval`, then `compact`) looks nothing up: it does not count
- * keys until `compact` counts what it writes, and into an empty family it streams the
+ * A bulk load (`load`, `loadRemoval`, then `finishLoading`) looks nothing up until it ends,
+ * when it counts the keys, and into an empty family it streams the
  * leading run of ascending puts straight into the base file, without `recent`. A snapshot,
  * or the first deltas of a query, is such a run, because commits and snapshots write each
  * family in key order. The run ends at the first other change or read; a map being loaded
@@ -252,7 +266,7 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
   private var appending: BaseFileWriter = null
   private var lastAppended: Array[Byte] = null
 
-  /** Live keys; during a bulk load, only once `compact` has ended it. */
+  /** Live keys; during a bulk load, only once `finishLoading` or `compact` has ended it. */
   def size: Long = entries
   def heapBytes: Long = layers.base.heapBytes + recentHeap
   def diskBytes: Long = layers.base.diskBytes
@@ -375,9 +389,37 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
     layers.base.retire()
   }
 
-  private def maybeCompact(): Unit = {
+  private def maybeCompact(): Unit = if (outgrown(layers)) compact()
+
+  private def outgrown(l: Layers): Boolean =
+    l.recent.size() > math.max(minCompaction.toLong, l.base.entries / 8)
+
+  /**
+   * Ends a bulk load. Its changes that went to `recent` are packed into the base only if
+   * `recent` outgrew it (as a put would compact); else the keys are counted in one ascending
+   * pass of lookups, so that the few deltas after a snapshot do not cost a rewrite of the
+   * whole file. Tombstones of keys the base lacks stay in `recent`, where they hide nothing.
+   * True when it packed.
+   */
+  def finishLoading(): Boolean = {
+    endAppending()
     val l = layers
-    if (l.recent.size() > math.max(minCompaction.toLong, l.base.entries / 8)) compact()
+    if (outgrown(l)) {
+      compact()
+      true
+    } else {
+      val inBase = l.base.ascendingContains()
+      var live = l.base.entries
+      val changes = l.recent.entrySet().iterator()
+      while (changes.hasNext) {
+        val change = changes.next()
+        val based = inBase(change.getKey)
+        if (change.getValue eq Bytes.Tombstone) { if (based) live -= 1 }
+        else if (!based) live += 1
+      }
+      entries = live
+      false
+    }
   }
 
   /** Merges `recent` into a new base file, in one pass over both (nothing to do if empty). */

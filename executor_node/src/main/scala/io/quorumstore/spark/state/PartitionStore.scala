@@ -1,5 +1,7 @@
 package io.quorumstore.spark.state
 
+import java.util.concurrent.{ExecutionException, ExecutorService, Executors, Future}
+
 import scala.collection.mutable
 
 import org.apache.spark.internal.Logging
@@ -122,18 +124,23 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
 
   /**
    * Applies the data chunks (1 to n) of each `(commit, n)` to `map`, in order, reading
-   * `ReadBytes` of chunks per request: a load holds little more than the map itself, which
-   * keeps most of it on local disk.
+   * `ReadBytes` of chunks per request, the next request in flight while one is applied: a
+   * load holds little more than the map itself, which keeps most of it on local disk.
    */
   private def applyChunks(kind: String, commits: Seq[((Long, String), Int)], map: StateMap)
       : Unit = {
     val perRead = math.max(1, PartitionStore.ReadBytes / conf.chunkBytes)
-    val chunks = commits.iterator.flatMap { case ((version, uid), n) =>
-      (1 to n).iterator.map(index => (version, uid, index))
-    }
-    chunks.grouped(perRead).foreach { group =>
-      val records = client.read(pk, group.map { case (v, u, i) => keys.chunk(kind, v, u, i) }, timeout)
-      group.zip(records).foreach {
+    val groups = commits.flatMap { case ((version, uid), n) =>
+      (1 to n).map(index => (version, uid, index))
+    }.grouped(perRead).toVector
+    def fetch(group: Seq[(Long, String, Int)]): Future[Seq[Option[Record]]] =
+      PartitionStore.Reads.submit(() =>
+        client.read(pk, group.map { case (v, u, i) => keys.chunk(kind, v, u, i) }, timeout))
+    var next = groups.headOption.map(fetch)
+    for (g <- groups.indices) {
+      val records = try next.get.get() catch { case e: ExecutionException => throw e.getCause }
+      next = groups.lift(g + 1).map(fetch)
+      groups(g).zip(records).foreach {
         case (_, Some(record)) => Codec.readChunk(record.value, map)
         case ((version, uid, index), None) =>
           missing(version, s"chunk $index of $kind $uid is gone")
@@ -252,6 +259,13 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
 }
 
 object PartitionStore {
-  /** Bytes of chunks a load reads per request. */
-  val ReadBytes: Int = 8 << 20
+  /** Bytes of chunks a load reads per request (two requests' worth are held at a time). */
+  val ReadBytes: Int = 4 << 20
+
+  /** Runs loads' read-ahead requests (daemon threads, created as loads need them). */
+  private val Reads: ExecutorService = Executors.newCachedThreadPool { (task: Runnable) =>
+    val thread = new Thread(task, "quorumstore-state-read-ahead")
+    thread.setDaemon(true)
+    thread
+  }
 }

@@ -93,7 +93,7 @@ object Bytes {
  * by stores and maintenance.
  *
  * A map made `loading` (a bulk load from the store) takes changes without looking anything
- * up (FamilyMap.load) until `finishLoading`, which packs each family once and counts it.
+ * up (FamilyMap.load) until `finishLoading`, which ends each family's load and counts it.
  */
 final class StateMap(localDir: java.io.File, loading: Boolean = false) extends Codec.Sink {
   @volatile private var bulk = loading
@@ -127,9 +127,9 @@ final class StateMap(localDir: java.io.File, loading: Boolean = false) extends C
   /** Frees the families' local files; reads fail afterwards. */
   def close(): Unit = families.values().asScala.foreach(_.close())
 
-  /** Ends a bulk load: packs every family, then compacts as usual. */
+  /** Ends a bulk load (FamilyMap.finishLoading); then changes compact as usual. */
   def finishLoading(): Unit = if (bulk) {
-    families.values().asScala.foreach(_.compact())
+    families.values().asScala.foreach(_.finishLoading())
     bulk = false
   }
 

@@ -31,6 +31,8 @@ object FamilyMapCheck {
   def main(args: Array[String]): Unit = {
     val seeds = if (args.nonEmpty) args.map(_.toLong).toSeq else 1L to 200L
     var compactions = 0L
+    var loadsPacked = 0L
+    var loadsCounted = 0L
     val localDir = java.nio.file.Files.createTempDirectory("family-map-check").toFile
     for (seed <- seeds) {
       val rng = new Random(seed)
@@ -61,7 +63,9 @@ object FamilyMapCheck {
         val sorted = ascending && step < loadUntil
         val quiet = sorted && rng.nextInt(10) != 0
         if (!quiet) advanceReader(step)
-        if (step == loadUntil && loadUntil > 0) map.compact()
+        if (step == loadUntil && loadUntil > 0) {
+          if (map.finishLoading()) loadsPacked += 1 else loadsCounted += 1
+        }
         val loading = step < loadUntil
         def ascendingKey(i: Int): Array[Byte] = Array((i >> 8).toByte, i.toByte)
         val key = if (!sorted) randomKey() else rng.nextInt(20) match {
@@ -112,6 +116,11 @@ object FamilyMapCheck {
     val left = localDir.list()
     if (left.nonEmpty) fail(0, 0, s"base files left in $localDir: ${left.mkString(", ")}")
     localDir.delete()
-    println(s"FamilyMapCheck ok: ${seeds.size} seeds, $compactions forced compactions")
+    if (seeds.size >= 100 && (loadsPacked == 0 || loadsCounted == 0)) {
+      fail(0, 0, s"bulk loads ended $loadsPacked times packed, $loadsCounted times counted: " +
+        "the check must take both paths")
+    }
+    println(s"FamilyMapCheck ok: ${seeds.size} seeds, $compactions forced compactions, bulk " +
+      s"loads ended $loadsPacked times packed and $loadsCounted times counted")
   }
 }
