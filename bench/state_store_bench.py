@@ -45,8 +45,6 @@ from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS
 
 PROVIDERS = {"rocksdb": ROCKSDB_PROVIDER_CLASS, "quorumstore": PROVIDER_CLASS}
 MAINTENANCE_INTERVAL = "5s"
-#: The custom metric in which each provider reports the time its stores spent loading.
-LOAD_METRICS = {"rocksdb": "rocksdbLoadLatencyMs", "quorumstore": "quorumstoreLoadTimeMs"}
 
 
 # ------------------------------------------------------------------ input
@@ -279,10 +277,6 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, dict]]) -> Non
         return {p: statistics.median(r["load"][field][-args.batches :]) for p, r in results.items()}
 
     recovery = {p: r["recover"]["durations_ms"][0] for p, r in results.items()}
-    # Each provider's own measure of the time its stores took to load in that batch.
-    loading = {
-        p: r["recover"]["custom"].get(LOAD_METRICS[p], 0) for p, r in results.items()
-    }
     memory = {p: r["load"]["state_memory_bytes"] for p, r in results.items()}
     heap = {p: r["load"]["heap_delta_bytes"] for p, r in results.items()}
     native = {p: r["load"]["native_delta_bytes"] for p, r in results.items()}
@@ -307,14 +301,14 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, dict]]) -> Non
     line("median micro-batch (ms)", median_of_updates("durations_ms"), ms)
     line("  of which state commit (ms, sum of partitions)", median_of_updates("commit_ms"), ms)
     line("recovery: first batch after restart (ms)", recovery, ms)
-    line("  of which loading state (ms, sum of partitions)", loading, ms)
     line("state memory, provider-reported", memory, mib)
     line("JVM heap after GC, query running, minus before", heap, mib)
     line("native (RSS - committed heap), minus before", native, mib)
     line("executor memory held: heap + native", held, mib)
+    q = results["quorumstore"]["recover"]["custom"]
     print(
-        f"state loading as each provider reports it: {', '.join(LOAD_METRICS.values())}; "
-        "the rest of the first batch is the query's own work (input, aggregation, commit)"
+        f"quorumstore recovery: {q.get('quorumstoreStoreLoads', 0)} partitions loaded from the "
+        f"cluster in {q.get('quorumstoreLoadTimeMs', 0):,} ms (summed over partitions)"
     )
     print(
         "rocksdb keeps its state off the JVM heap (native memory and local files): its "
