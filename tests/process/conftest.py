@@ -311,17 +311,18 @@ class LocalCluster:
         """SIGSTOP of a node (by address) or of "coordinator" (alive but silent: a long GC
         pause, a frozen VM); returns the monotonic time of the pause. Teardown's SIGKILL
         ends it even while stopped."""
-        pid = self.pid(name)
-        assert pid is not None, f"{name} was never started"
         at = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
+        self._signal(name, signal.SIGSTOP)
         return at
 
     def resume(self, name: str) -> None:
         """SIGCONT of a paused process: it goes on from where it stopped, unaware of the gap."""
+        self._signal(name, signal.SIGCONT)
+
+    def _signal(self, name: str, sig: signal.Signals) -> None:
         pid = self.pid(name)
         assert pid is not None, f"{name} was never started"
-        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, sig)
 
     def restart(self, node: str) -> None:
         """Starts a stopped node again on its port and data directory; waits until it serves."""

@@ -36,6 +36,12 @@ private final class PackedRun(data: Array[Byte], starts: Array[Int]) {
     }
     lo
   }
+
+  /** The index of the entry whose key is `key`; -1 when there is none. */
+  def indexOf(key: Array[Byte]): Int = {
+    val i = lowerBound(key)
+    if (i < size && compareKey(i, key) == 0) i else -1
+  }
 }
 
 /**
@@ -106,8 +112,8 @@ private final class BaseFile(file: RandomAccessFile, firstKeys: Array[Array[Byte
     if (b < 0) null
     else {
       val run = block(b)
-      val i = run.lowerBound(key)
-      if (i < run.size && run.compareKey(i, key) == 0) run.value(i) else null
+      val i = run.indexOf(key)
+      if (i >= 0) run.value(i) else null
     }
   }
 
@@ -119,8 +125,7 @@ private final class BaseFile(file: RandomAccessFile, firstKeys: Array[Array[Byte
       val b = blockOf(key)
       b >= 0 && {
         if (b != cached) { run = block(b); cached = b }
-        val i = run.lowerBound(key)
-        i < run.size && run.compareKey(i, key) == 0
+        run.indexOf(key) >= 0
       }
     }
   }
