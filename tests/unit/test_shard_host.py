@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from quorumstore.node.shard_host import ShardHost
-from quorumstore.protocol.messages import Append, BecomeLeader, NewTerm, Outbound, SendSnapshot
+from quorumstore.protocol.messages import (
+    Ack,
+    Append,
+    BecomeLeader,
+    NewTerm,
+    Outbound,
+    SendSnapshot,
+)
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, Role, make_entry
 from quorumstore.storage.write_batch import WriteBatchBuilder
@@ -71,6 +78,93 @@ def test_a_deposed_leader_fails_its_pending_writes_and_never_answers_them_with_o
                 assert write.done(), "the deposed leader's write is still pending"
                 with pytest.raises(NotLeaderError):
                     write.result()  # not /other's result
+            finally:
+                host.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_follower_acks_an_append_before_applying_what_it_committed(tmp_path: Path) -> None:
+    """The Ack is what the leader's clients wait for; the apply of the entries the same
+    Append committed (milliseconds for a large entry) must come after it, not delay it,
+    and must still happen."""
+
+    class AckWatcher(RecordingTransport):
+        """Notes the follower's applied offset as each Ack leaves."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.applied_at_ack: list[int] = []
+
+        def send(self, sender: ShardHost, out: Outbound) -> None:
+            super().send(sender, out)
+            if isinstance(out.message, Ack):
+                self.applied_at_ack.append(sender.machine.applied_position.offset)
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as io:
+            transport = AckWatcher()
+            host = ShardHost("b", SHARD, tmp_path / "b", transport, io)
+            try:
+                host.step(NewTerm(SHARD, 1))
+                first = make_entry(EMPTY_POSITION, 1, _put("/first"))
+                host.step(Append(SHARD, 1, "a", EMPTY_POSITION, (first,), -1))
+                await _settle(host)
+                assert transport.applied_at_ack == [-1]
+
+                prev = host.wal.position_at(first.offset)
+                second = make_entry(prev, 1, _put("/second"))
+                host.step(Append(SHARD, 1, "a", prev, (second,), first.offset))
+                await _settle(host)
+                assert transport.applied_at_ack == [-1, -1], (
+                    "the Ack of the second entry waited for the apply of the first"
+                )
+                assert host.machine.applied_position.offset == first.offset
+            finally:
+                host.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_follower_keeps_applying_while_appends_stream_in(tmp_path: Path) -> None:
+    """Each Ack is answered at once with the next Append (committing the entry before
+    it), so an fsync is always in flight: the follower must still apply as it goes,
+    not only once the stream stops."""
+    entries = 30
+
+    class Streamer(RecordingTransport):
+        """Plays the leader: sends the next Append as soon as an Ack arrives."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.applied_at_ack: list[int] = []
+
+        def send(self, sender: ShardHost, out: Outbound) -> None:
+            super().send(sender, out)
+            if not isinstance(out.message, Ack):
+                return
+            self.applied_at_ack.append(sender.machine.applied_position.offset)
+            head = sender.wal.head
+            if head.offset + 1 < entries:
+                entry = make_entry(head, 1, _put(f"/k{head.offset + 1}"))
+                message = Append(SHARD, 1, "a", head, (entry,), head.offset)
+                asyncio.get_running_loop().call_soon(sender.step, message)
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as io:
+            transport = Streamer()
+            host = ShardHost("b", SHARD, tmp_path / "b", transport, io)
+            try:
+                host.step(NewTerm(SHARD, 1))
+                first = make_entry(EMPTY_POSITION, 1, _put("/k0"))
+                host.step(Append(SHARD, 1, "a", EMPTY_POSITION, (first,), -1))
+                for _ in range(500):
+                    if host.wal.head.offset == entries - 1:
+                        break
+                    await asyncio.sleep(0.01)
+                assert host.wal.head.offset == entries - 1
+                # While the stream ran, each Ack found all but the last two entries applied.
+                assert transport.applied_at_ack[-1] >= entries - 3, transport.applied_at_ack
             finally:
                 host.close()
 

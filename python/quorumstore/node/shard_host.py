@@ -4,7 +4,9 @@ The host is the driver of `ShardReplica` (the etcd-raft `Ready` loop): after eve
 input it takes the `Ready`, applies the storage effects, sends messages, runs the
 group commit (one fdatasync for everything appended since the last one, on a worker
 thread while the event loop keeps appending), applies committed entries to the KV and
-resolves the writes waiting on them. Everything here runs on the node's event loop.
+resolves the writes waiting on them. A follower applies on a later turn, between
+fsyncs, so that applying never delays its Acks. Everything here runs on the node's
+event loop.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ class ShardHost:
         self._want_sync = False
         self._sync_in_flight = False
         self._processing_scheduled = False
+        self._follower_apply_scheduled = False
+        self._synced_since_apply = False
         self._closed = False
         self._staged_snapshot: tuple[LogPosition, Path] | None = None
 
@@ -253,6 +257,28 @@ class ShardHost:
         if not self._closed:
             self._process()
 
+    def _schedule_follower_apply(self) -> None:
+        if not self._follower_apply_scheduled:
+            self._follower_apply_scheduled = True
+            asyncio.get_running_loop().call_soon(self._follower_apply)
+
+    def _follower_apply(self) -> None:
+        """A follower applies on a later turn of the loop, once its Acks are out.
+
+        Its Acks are what the leader waits for, and an apply (about a millisecond for 64
+        puts) run while an fsync is in flight would hold the fsync's completion, and so
+        the Ack, until it ends. `_sync_done` sends the Acks and then schedules this
+        again. Once per completed fsync it applies even if the next fsync is already in
+        flight: under a steady stream of Appends there is always one, and the follower
+        must not fall ever further behind. The leader, whose clients wait on the apply
+        itself, applies at once.
+        """
+        self._follower_apply_scheduled = False
+        if self._closed or (self._sync_in_flight and not self._synced_since_apply):
+            return  # `_sync_done` schedules it again
+        self._synced_since_apply = False
+        self._apply_committed(self.replica.commit_offset)
+
     def _process(self) -> None:
         if self._pending and not (
             self.replica.role is Role.LEADER and self.replica.term == self._pending_term
@@ -269,7 +295,10 @@ class ShardHost:
             self._after_sync.extend(ready.send_after_sync)
             self._want_sync = True
             self._start_sync()
-        self._apply_committed(ready.commit_offset)
+        if self.replica.role is Role.LEADER:
+            self._apply_committed(ready.commit_offset)
+        else:
+            self._schedule_follower_apply()
         for request in ready.snapshots:
             self._transport.send_snapshot(self, request)
 
@@ -301,6 +330,7 @@ class ShardHost:
         for out in messages:
             self._transport.send(self, out)
         self.replica.persisted(ticket.head.offset)
+        self._synced_since_apply = True
         self._process()
         self._start_sync()
 
