@@ -757,6 +757,16 @@ def test_bad_keys_and_values_are_invalid(small_cluster: Cluster) -> None:
     assert_invalid(lambda: c.get("/" + "k" * 16), "gets[0].key is 17 bytes")
     assert_invalid(lambda: c.list("/" + "k" * 16, ""), "start_inclusive is 17 bytes")
     assert c.put("/" + "k" * 15, b"v" * 32).status == pb.OK  # exactly at the limits
+    # Plain puts are checked all at once; the one at fault is still named.
+    ok = pb.PutRequest(key="/ok", value=b"v")
+    for bad, message in (
+        (pb.PutRequest(key="", value=b"v"), "puts[2].key is empty"),
+        (pb.PutRequest(key="/" + "k" * 16, value=b"v"), "puts[2].key is 17 bytes"),
+        (pb.PutRequest(key="/\u00e9" * 6, value=b"v"), "puts[2].key is 18 bytes"),
+        (pb.PutRequest(key="/k", value=b"v" * 33), "puts[2].value is 33 bytes"),
+    ):
+        assert_invalid(functools.partial(c.write, puts=[ok, ok, bad, ok]), message)
+    assert c.get("/ok").status == pb.KEY_NOT_FOUND
 
 
 def test_inverted_ranges_are_invalid(cluster: Cluster) -> None:

@@ -157,6 +157,26 @@ def test_puts_batch_from_arrow_arrays() -> None:
         puts_batch(pa.array(["a", None]), pa.array([b"1", b"2"]), 5)
 
 
+def test_puts_batch_makes_the_entry_the_op_by_op_builder_makes() -> None:
+    """The leader encodes plain puts column by column (puts_batch) and every other
+    write op by op: the same puts must give the same entry either way."""
+    puts = [("/a", b"1"), ("/b/\u00e9", b""), ("/c", b"x" * 10)]
+    origin = ClientSerial("client/0", 7)
+    builder = WriteBatchBuilder()
+    for key, value in puts:
+        builder.add_put(key, value)
+    by_op = decode_batch(builder.build(5, origin))
+    by_column = decode_batch(
+        puts_batch(
+            pa.array([k for k, _ in puts], pa.string()),
+            pa.array([v for _, v in puts], pa.binary()),
+            5,
+            origin,
+        )
+    )
+    assert by_column.equals(by_op, check_metadata=True)
+
+
 def test_empty_batch_is_valid() -> None:
     assert decode_batch(WriteBatchBuilder().build(9)).num_rows == 0
 
