@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from itertools import islice
 from typing import Protocol
 
-from rocksdict import Options, Rdict, RdictIter, ReadOptions, WriteBatch
+from rocksdict import BlockBasedOptions, Options, Rdict, RdictIter, ReadOptions, WriteBatch
 from sortedcontainers import SortedDict
 
 Item = tuple[bytes, bytes]
@@ -246,6 +246,13 @@ class RocksKv(_RocksReader):
         self._path = os.fspath(path)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        # Every put first looks its key up (its version), and new keys miss: bloom
+        # filters in the memtable and the SST files answer most misses without a search.
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)
+        options.set_block_based_table_factory(table)
+        options.set_memtable_prefix_bloom_ratio(0.1)
+        options.set_memtable_whole_key_filtering(True)
         self._db: Rdict | None = Rdict(self._path, options)
         # Open snapshots keep the database open, so close() must release them first.
         self._snapshots: weakref.WeakSet[_RocksSnapshot] = weakref.WeakSet()
