@@ -38,14 +38,21 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
   def readHead(): Option[(Head, Long)] =
     client.read(pk, Seq(keys.head), timeout).head.map(r => (Codec.decodeHead(r.value), r.versionId))
 
-  /** Headers of the complete commits of `kind` with from <= version < to. */
-  private def headers(kind: String, from: Long, to: Long): Map[(Long, String), CommitHeader] = {
-    val (start, end) = keys.versions(kind, from, to)
-    val present = client.list(pk, start, end, timeout).flatMap(keys.parse).filter(_.index == 0)
-    val records = client.read(pk, present.map(k => keys.chunk(kind, k.version, k.uid, 0)), timeout)
-    present.zip(records).collect { case (k, Some(r)) =>
-      (k.version, k.uid) -> Codec.decodeHeader(r.value)
-    }.toMap
+  /**
+   * Headers of the complete commits with versions below `to`: (deltas from version 1,
+   * snapshots). One list and one read: delta and snapshot keys have the same depth, so
+   * the deltas' range and the snapshots' after it make one range.
+   */
+  private def headers(to: Long): (Map[(Long, String), CommitHeader], Map[(Long, String), CommitHeader]) = {
+    val (start, _) = keys.versions(Delta, 1, to)
+    val (_, end) = keys.versions(Snapshot, 0, to)
+    val present = client.list(pk, start, end, timeout).flatMap(keys.parse)
+      .filter(k => k.index == 0 && k.version < to)
+    val records = client.read(pk, present.map(k => keys.chunk(k.kind, k.version, k.uid, 0)), timeout)
+    val found = present.zip(records).collect { case (k, Some(r)) =>
+      (k.kind, (k.version, k.uid) -> Codec.decodeHeader(r.value))
+    }
+    (found.collect { case (Delta, h) => h }.toMap, found.collect { case (Snapshot, h) => h }.toMap)
   }
 
   /** (version, uid) pairs from `top` downwards, as far as delta headers reach. */
@@ -83,7 +90,7 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
     if (top._1 == version && local.exists(l => (l.version, l.uid) == top)) {
       return Loaded(local.get, fromStore = false, None)
     }
-    val deltas = headers(Delta, 1, top._1 + 1)
+    val (deltas, snapshots) = headers(top._1 + 1)
     val fromTop = chain(top, deltas)
     if (fromTop.size <= top._1 - version) {
       missing(version, s"the delta of version ${fromTop.last._1} (id ${fromTop.last._2}) is gone")
@@ -93,7 +100,6 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
     val localAt = local.map(l => lineage.indexOf((l.version, l.uid))).filter(_ >= 0)
     if (localAt.contains(0)) return Loaded(local.get, fromStore = false, None)
 
-    lazy val snapshots = headers(Snapshot, 0, version + 1)
     val (startAt, base, snapshotVersion) = localAt match {
       case Some(i) => (i, local.get.map, None)
       case None =>
@@ -243,17 +249,15 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
   def cleanup(minVersionsToRetain: Int): Unit = readHead().foreach { case (head, _) =>
     val floor = head.version - minVersionsToRetain
     if (floor > 0) {
-      val snapshots = headers(Snapshot, 1, floor + 1)
-      if (snapshots.nonEmpty) {
-        val lineage = chain((head.version, head.uid), headers(Delta, 1, head.version + 1))
-        lineage.find(p => p._1 <= floor && snapshots.contains(p)).foreach { case (keep, _) =>
+      val (deltas, snapshots) = headers(head.version + 1)
+      chain((head.version, head.uid), deltas)
+        .find(p => p._1 > 0 && p._1 <= floor && snapshots.contains(p)).foreach { case (keep, _) =>
           val (deltasFrom, deltasTo) = keys.versions(Delta, 0, keep + 1)
           val (snapsFrom, snapsTo) = keys.versions(Snapshot, 0, keep)
           client.write(pk, Nil, Seq(DeleteRangeOp(deltasFrom, deltasTo),
             DeleteRangeOp(snapsFrom, snapsTo)), timeout)
           logInfo(s"removed versions up to $keep of $pk (snapshot $keep kept)")
         }
-      }
     }
   }
 }
