@@ -7,8 +7,9 @@ For each provider, in its own JVM (a fresh Python + Spark process per phase):
             then run `--batches` micro-batches that each update `--rows` random existing
             keys. Reported: median micro-batch duration of those, and the memory the
             executor holds for the state (the provider's own `memoryUsedBytes`; the
-            JVM heap after a full GC minus the heap before the query; the native memory,
-            resident set minus committed heap, minus the same before; and their sum).
+            JVM heap live after a full GC minus the same before the query; and the
+            process's resident set minus the same before: everything the executor holds,
+            on and off the heap, as the operating system counts it).
 2. recover: a new process with empty executor state directories (new spark.local.dir)
             warms up on a small query of its own, then restarts the query from its
             checkpoint on one more micro-batch. Reported: that first micro-batch's duration,
@@ -107,15 +108,26 @@ def run_phase(args: argparse.Namespace) -> dict:
     jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
 
     def memory_after_gc() -> tuple[int, int]:
-        """(heap in use, native memory) of the JVM after full GCs; native = resident set
-        minus the committed heap, which is where RocksDB's memtables and caches live."""
-        runtime = jvm.java.lang.Runtime.getRuntime()
+        """(heap live after a full GC, resident set) of the JVM.
+
+        The heap is what each heap pool held right after the last collection (the pools'
+        collection usage), not the heap in use when read: the query keeps running and
+        maintenance keeps writing snapshots, so what they allocated since the GC would
+        count as held. The resident set is the whole process: RocksDB's memtables and
+        caches, the heap pages the JVM keeps, everything else."""
         for _ in range(3):
             jvm.java.lang.System.gc()
             time.sleep(0.2)
+        pools = jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+        heap_type = jvm.java.lang.management.MemoryType.HEAP
+        live = sum(
+            pool.getCollectionUsage().getUsed()
+            for pool in pools
+            if pool.getType() == heap_type and pool.getCollectionUsage() is not None
+        )
         status = Path(f"/proc/{jvm_pid}/status").read_text()
         rss = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
-        return runtime.totalMemory() - runtime.freeMemory(), rss - runtime.totalMemory()
+        return live, rss
 
     inputs = work / "in"
     stream = work / f"stream-{args.provider}"
@@ -158,11 +170,11 @@ def run_phase(args: argparse.Namespace) -> dict:
         finish(warm_up)
         warm_up.stop()
 
-    heap_before, native_before = memory_after_gc()
+    heap_before, rss_before = memory_after_gc()
     query = aggregate(stream, work / f"checkpoint-{args.provider}")
     finish(query)
     # Measured while the query runs: its state stores are loaded (they unload once it stops).
-    heap_after, native_after = memory_after_gc()
+    heap_after, rss_after = memory_after_gc()
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     if args.phase == "load":
         time.sleep(float(MAINTENANCE_INTERVAL.rstrip("s")) + 2)  # let maintenance snapshot once
@@ -174,7 +186,7 @@ def run_phase(args: argparse.Namespace) -> dict:
         "state_keys": state["numRowsTotal"],
         "state_memory_bytes": state["memoryUsedBytes"],
         "heap_delta_bytes": heap_after - heap_before,
-        "native_delta_bytes": native_after - native_before,
+        "rss_delta_bytes": rss_after - rss_before,
         "custom": state.get("customMetrics", {}),
     }
     spark.stop()
@@ -279,8 +291,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, dict]]) -> Non
     recovery = {p: r["recover"]["durations_ms"][0] for p, r in results.items()}
     memory = {p: r["load"]["state_memory_bytes"] for p, r in results.items()}
     heap = {p: r["load"]["heap_delta_bytes"] for p, r in results.items()}
-    native = {p: r["load"]["native_delta_bytes"] for p, r in results.items()}
-    held = {p: heap[p] + native[p] for p in results}
+    held = {p: r["load"]["rss_delta_bytes"] for p, r in results.items()}
     keys = {p: r["load"]["state_keys"] for p, r in results.items()}
     print()
     print(
@@ -302,9 +313,8 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, dict]]) -> Non
     line("  of which state commit (ms, sum of partitions)", median_of_updates("commit_ms"), ms)
     line("recovery: first batch after restart (ms)", recovery, ms)
     line("state memory, provider-reported", memory, mib)
-    line("JVM heap after GC, query running, minus before", heap, mib)
-    line("native (RSS - committed heap), minus before", native, mib)
-    line("executor memory held: heap + native", held, mib)
+    line("JVM heap live after GC, query running, minus before", heap, mib)
+    line("executor memory held: resident set, minus before", held, mib)
     q = results["quorumstore"]["recover"]["custom"]
     print(
         f"quorumstore recovery: {q.get('quorumstoreStoreLoads', 0)} partitions loaded from the "

@@ -59,13 +59,7 @@ class ShardCaller:
                 try:
                     return await attempt(leader, timeout)
                 except grpc.aio.AioRpcError as e:
-                    failure = classify(e)
-                    if not isinstance(failure, Transient):
-                        raise failure from None
-                    reason = f"{leader}: {failure.reason}"
-                    if failure.leader_hint and failure.leader_hint != leader:
-                        self._directory.hint(shard, failure.leader_hint)
-                        hinted = True
+                    reason, hinted = self._transient(e, shard, leader)
             await self._pause(what, shard, reason, deadline, backoff, hinted)
 
     async def stream(
@@ -96,14 +90,19 @@ class ShardCaller:
                     if progressed:
                         deadline = loop.time() + self._timeout_s
                         backoff = Backoff()
-                    failure = classify(e)
-                    if not isinstance(failure, Transient):
-                        raise failure from None
-                    reason = f"{leader}: {failure.reason}"
-                    if failure.leader_hint and failure.leader_hint != leader:
-                        self._directory.hint(shard, failure.leader_hint)
-                        hinted = True
+                    reason, hinted = self._transient(e, shard, leader)
             await self._pause(what, shard, reason, deadline, backoff, hinted)
+
+    def _transient(self, e: grpc.aio.AioRpcError, shard: int, leader: str) -> tuple[str, bool]:
+        """Why an attempt failed and whether the error named a new leader (now in the
+        directory), for a failure worth retrying; raises the typed error of any other."""
+        failure = classify(e)
+        if not isinstance(failure, Transient):
+            raise failure from None
+        hinted = bool(failure.leader_hint) and failure.leader_hint != leader
+        if hinted:
+            self._directory.hint(shard, failure.leader_hint)
+        return f"{leader}: {failure.reason}", hinted
 
     async def _pause(
         self, what: str, shard: int, reason: str, deadline: float, backoff: Backoff, hinted: bool

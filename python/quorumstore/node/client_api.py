@@ -227,9 +227,7 @@ def _chunks(
         yield chunk
 
 
-_KEY_AND_VALUE = frozenset(
-    (pb.PutRequest.KEY_FIELD_NUMBER, pb.PutRequest.VALUE_FIELD_NUMBER)
-)
+_KEY_AND_VALUE = frozenset((pb.PutRequest.KEY_FIELD_NUMBER, pb.PutRequest.VALUE_FIELD_NUMBER))
 
 
 def _plain_puts(request: pb.WriteRequest) -> tuple[list[str], list[bytes]] | None:
@@ -670,9 +668,10 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         if max(map(len, values)) > self._max_value_bytes:
             return False
         longest = max(map(len, keys))
-        return longest * 4 <= self._max_key_bytes or max(
-            len(key.encode()) for key in keys
-        ) <= self._max_key_bytes
+        return (
+            longest * 4 <= self._max_key_bytes
+            or max(len(key.encode()) for key in keys) <= self._max_key_bytes
+        )
 
     @staticmethod
     def _check_sequence_state(reader: ShardReader, request: pb.WriteRequest) -> None:
@@ -868,26 +867,20 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         Through a secondary index, the range is over secondary keys and the answer is
         the primary keys, by secondary key.
         """
-        try:
-            target = self._route(request.shard if request.HasField("shard") else None, context)
-            self._check_scan(request)
-            if isinstance(target, str):
-                relayed = self._relay_stream(target, "List", request, request.shard, context)
-                async with aclosing(relayed):
-                    async for response in relayed:
-                        yield response
-                return
-        except RequestError as e:
-            await e.abort(context)
-        reader = target.reader()
-        if request.HasField("secondary_index_name"):
-            keys = reader.list_by_index(
-                request.secondary_index_name, request.start_inclusive, request.end_exclusive
-            )
-        else:
-            keys = reader.list_keys(request.start_inclusive, request.end_exclusive)
-        for chunk in _chunks(keys, len, self._max_response_items, self._max_response_bytes):
-            yield pb.ListResponse(keys=chunk)
+
+        def answer(reader: ShardReader) -> Iterator[pb.ListResponse]:
+            if request.HasField("secondary_index_name"):
+                keys = reader.list_by_index(
+                    request.secondary_index_name, request.start_inclusive, request.end_exclusive
+                )
+            else:
+                keys = reader.list_keys(request.start_inclusive, request.end_exclusive)
+            for chunk in _chunks(keys, len, self._max_response_items, self._max_response_bytes):
+                yield pb.ListResponse(keys=chunk)
+
+        async with aclosing(self._scan("List", request, context, answer)) as responses:
+            async for response in responses:
+                yield response
 
     async def RangeScan(
         self, request: pb.RangeScanRequest, context: grpc.aio.ServicerContext
@@ -896,35 +889,52 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
 
         Through a secondary index, as for List.
         """
+
+        def answer(reader: ShardReader) -> Iterator[pb.RangeScanResponse]:
+            if request.HasField("secondary_index_name"):
+                records = reader.range_scan_by_index(
+                    request.secondary_index_name, request.start_inclusive, request.end_exclusive
+                )
+            else:
+                records = reader.range_scan(request.start_inclusive, request.end_exclusive)
+            for chunk in _chunks(
+                records,
+                lambda item: len(item[0]) + len(item[1].value),
+                self._max_response_items,
+                self._max_response_bytes,
+            ):
+                yield pb.RangeScanResponse(
+                    records=[
+                        _record_response(k, r, include_value=True, with_key=True) for k, r in chunk
+                    ]
+                )
+
+        async with aclosing(self._scan("RangeScan", request, context, answer)) as responses:
+            async for response in responses:
+                yield response
+
+    async def _scan(
+        self,
+        method: str,
+        request: pb.ListRequest | pb.RangeScanRequest,
+        context: grpc.aio.ServicerContext,
+        answer: Callable[[ShardReader], Iterator[_T]],
+    ) -> AsyncIterator[_T]:
+        """A List or RangeScan: checked, then relayed to the leader in gateway mode or
+        answered here from the leader's committed state."""
         try:
             target = self._route(request.shard if request.HasField("shard") else None, context)
             self._check_scan(request)
             if isinstance(target, str):
-                relayed = self._relay_stream(target, "RangeScan", request, request.shard, context)
+                relayed = self._relay_stream(target, method, request, request.shard, context)
                 async with aclosing(relayed):
                     async for response in relayed:
                         yield response
                 return
         except RequestError as e:
             await e.abort(context)
-        reader = target.reader()
-        if request.HasField("secondary_index_name"):
-            records = reader.range_scan_by_index(
-                request.secondary_index_name, request.start_inclusive, request.end_exclusive
-            )
-        else:
-            records = reader.range_scan(request.start_inclusive, request.end_exclusive)
-        for chunk in _chunks(
-            records,
-            lambda item: len(item[0]) + len(item[1].value),
-            self._max_response_items,
-            self._max_response_bytes,
-        ):
-            yield pb.RangeScanResponse(
-                records=[
-                    _record_response(k, r, include_value=True, with_key=True) for k, r in chunk
-                ]
-            )
+        for response in answer(target.reader()):
+            yield response
 
     # ------------------------------------------------------------ sessions
 
