@@ -20,7 +20,14 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 import pytest
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringStartsWith
+from pyspark.sql.datasource import (
+    EqualTo,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+    Not,
+    StringStartsWith,
+)
 
 from quorumstore.data_client import DataClient, DataClientError, key_hash, read_ipc
 from quorumstore.proto import quorumstore_data_pb2 as pb
@@ -403,6 +410,7 @@ def test_key_filters_prune_to_exact_ranges_and_mask_exactly() -> None:
     ]:
         assert f.push(pushed)
     assert not f.push(EqualTo(("value",), b"x"))
+    assert not f.push(Not(EqualTo(("key",), "user/11")))  # negations stay with Spark
     ranges = f.ranges([("", "")])
     assert ranges == prefix_ranges("user/1")
     keys = pa.array(["user/1", "user/10", "user/12/x", "user/15", "user/2", "user/1a"])

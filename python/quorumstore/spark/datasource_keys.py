@@ -149,9 +149,11 @@ class KeyFilter:
 
     def push(self, f: Filter) -> bool:
         """Takes `f` if it constrains key or shard in a way handled here; True if taken."""
-        if f.attribute == ("shard",):
+        # A negation (Not) names no column itself, only its child filter: Spark keeps it.
+        attribute = getattr(f, "attribute", None)
+        if attribute == ("shard",):
             return self._push_shard(f)
-        if f.attribute != ("key",):
+        if attribute != ("key",):
             return False
         if isinstance(f, IsNotNull):
             pass  # keys are never null
