@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs quorumstore with its test dependencies and runs every test tier, fastest first:
-# unit, deterministic simulation, process (real servers on loopback), Spark (local mode).
+# static checks (mypy, ruff), unit, deterministic simulation, process (real servers on
+# loopback), Spark (local mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,13 @@ run_tier() {
   echo "=== $name: $((SECONDS - start)) s, exit $status ==="
   if [ "$status" -ne 0 ]; then failed+=("$name"); fi
 }
+
+# Static checks first: the package's type hints (it ships py.typed) and lint.
+echo "=== static ==="
+start=$SECONDS
+if python -m mypy && python -m ruff check python tests bench examples; then status=0; else status=1; fi
+echo "=== static: $((SECONDS - start)) s, exit $status ==="
+if [ "$status" -ne 0 ]; then failed+=("static"); fi
 
 run_tier unit tests/unit
 run_tier simulation tests/simulation

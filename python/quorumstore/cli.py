@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import grpc
 
@@ -260,7 +260,8 @@ def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeo
     while time.monotonic() < deadline:
         for child in children:
             if child.poll() is not None:
-                raise CliError(f"a cluster process exited early ({' '.join(map(str, child.args[-6:]))}); see its log in the data directory")
+                argv = cast(list[str], child.args)  # _spawn passes a list
+                raise CliError(f"a cluster process exited early ({' '.join(argv[3:])}); see its log in the data directory")
         try:
             status = _fetch_status(admin, timeout=1)
             if all_replicas_serving(status):

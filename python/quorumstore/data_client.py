@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Self, TypeVar
+from typing import Protocol, Self, TypeVar
 
 import grpc
 import numpy as np
@@ -48,6 +48,17 @@ _CHANNEL_OPTIONS = [
 _RETRYABLE = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE}
 
 _T = TypeVar("_T")
+
+
+class _ChunkStream(Protocol):
+    """A server-streaming call: an iterator of its responses that `cancel()` ends."""
+
+    def __iter__(self) -> Iterator[pb.ArrowChunk]: ...
+
+    def __next__(self) -> pb.ArrowChunk: ...
+
+    def cancel(self) -> bool: ...
+
 
 ROWS_SCHEMA = pa.schema(
     [pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary(), nullable=False)]
@@ -108,7 +119,7 @@ def ipc_bytes(data: pa.Table | pa.RecordBatch) -> bytes:
 
 
 def _describe(error: grpc.RpcError) -> str:
-    return f"{error.code().name}: {error.details()}"  # type: ignore[attr-defined]
+    return f"{error.code().name}: {error.details()}"
 
 
 class DataClient:
@@ -170,8 +181,8 @@ class DataClient:
                     pb.ListShardsRequest(namespace=self.namespace), timeout=5.0
                 )
             except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE | {grpc.StatusCode.DEADLINE_EXCEEDED}:  # type: ignore[attr-defined]
-                    raise DataClientError(f"{address}: {_describe(e)}", e.code()) from None  # type: ignore[attr-defined]
+                if e.code() not in _RETRYABLE | {grpc.StatusCode.DEADLINE_EXCEEDED}:
+                    raise DataClientError(f"{address}: {_describe(e)}", e.code()) from None
                 errors.append(f"{address}: {_describe(e)}")
                 continue
             return sorted(
@@ -232,8 +243,8 @@ class DataClient:
             except _Retry as e:
                 last = str(e)
             except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE:  # type: ignore[attr-defined]
-                    raise DataClientError(f"cannot {what}: {_describe(e)}", e.code()) from None  # type: ignore[attr-defined]
+                if e.code() not in _RETRYABLE:
+                    raise DataClientError(f"cannot {what}: {_describe(e)}", e.code()) from None
                 last = _describe(e)
             if time.monotonic() + delay > deadline:
                 raise DataClientError(
@@ -279,7 +290,7 @@ class DataClient:
                 try:
                     return call(self._stub(address))
                 except grpc.RpcError as e:
-                    if not retry or e.code() not in _RETRYABLE:  # type: ignore[attr-defined]
+                    if not retry or e.code() not in _RETRYABLE:
                         raise
                     errors.append(f"{address}: {_describe(e)}")
             raise _Retry("; ".join(errors) or f"shard {shard_id} has no leader right now")
@@ -290,7 +301,7 @@ class DataClient:
             except grpc.RpcError as e:
                 raise DataClientError(
                     f"cannot {what} on shard {shard_id}: {_describe(e)}", e.code()
-                ) from None  # type: ignore[attr-defined]
+                ) from None
             except _Retry as e:
                 raise DataClientError(
                     f"cannot {what} on shard {shard_id}: {e}", grpc.StatusCode.UNAVAILABLE
@@ -348,24 +359,23 @@ class DataClient:
 
         def open_stream(
             stub: pb_grpc.QuorumstoreDataStub,
-        ) -> tuple[Iterator[pb.ArrowChunk], pb.ArrowChunk]:
+        ) -> tuple[_ChunkStream, pb.ArrowChunk]:
             stream = stub.ScanArrow(request)
             return stream, next(stream)
 
-        stream, chunk = self._on_shard(
+        stream, first = self._on_shard(
             shard_id, "scan", open_stream, followers=allow_follower, prefer_follower=allow_follower
         )
+        chunk: pb.ArrowChunk | None = first
         try:
-            while True:
+            while chunk is not None:
                 for batch in ipc_batches(chunk.ipc):
                     yield batch, chunk.commit_offset
                 chunk = next(stream, None)
-                if chunk is None:
-                    return
         except grpc.RpcError as e:
             raise DataClientError(
                 f"scan of shard {shard_id} failed midway: {_describe(e)}", e.code()
-            ) from None  # type: ignore[attr-defined]
+            ) from None
         finally:
             stream.cancel()
 
@@ -402,7 +412,7 @@ class DataClient:
 
             def open_stream(
                 stub: pb_grpc.QuorumstoreDataStub, request: pb.ReadChangesRequest = request
-            ) -> tuple[Iterator[pb.ArrowChunk], pb.ArrowChunk | None]:
+            ) -> tuple[_ChunkStream, pb.ArrowChunk | None]:
                 stream = stub.ReadChanges(request)
                 return stream, next(stream, None)
 
@@ -419,10 +429,10 @@ class DataClient:
                 stalled_since = (
                     stalled_since if position == resumed_at and stalled_since is not None else now
                 )
-                if e.code() not in _RETRYABLE or now - stalled_since > self.retry_s:  # type: ignore[attr-defined]
+                if e.code() not in _RETRYABLE or now - stalled_since > self.retry_s:
                     raise DataClientError(
                         f"cannot read changes of shard {shard_id}: {_describe(e)}", e.code()
-                    ) from None  # type: ignore[attr-defined]
+                    ) from None
             finally:
                 stream.cancel()
 

@@ -40,11 +40,11 @@ def position_from_pb(p: pb.LogPosition) -> LogPosition:
     return LogPosition(p.term, p.offset, p.checksum)
 
 
-def role_to_pb(role: Role) -> int:
+def role_to_pb(role: Role) -> pb.ReplicaRole:
     return _ROLE_TO_PB[role]
 
 
-def role_from_pb(role: int) -> Role:
+def role_from_pb(role: pb.ReplicaRole) -> Role:
     return _ROLE_FROM_PB[role]
 
 

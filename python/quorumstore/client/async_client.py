@@ -15,6 +15,7 @@ retried across leader changes until `request_timeout_s` (`calls.py`).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -170,7 +171,10 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
-        batchers = [*self._write_batchers.values(), *self._read_batchers.values()]
+        batchers: list[Batcher[WriteOp] | Batcher[GetOp]] = [
+            *self._write_batchers.values(),
+            *self._read_batchers.values(),
+        ]
         await asyncio.gather(*(b.drain() for b in batchers))
         await asyncio.gather(*(s.aclose() for s in list(self._subscriptions)))
         if self._directory is not None:
@@ -391,7 +395,7 @@ class AsyncClient:
 
     async def list(
         self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """The keys in [min, max) in hierarchical order ("" max: no bound)."""
         directory = self._ready()
         assert self._caller is not None
@@ -421,7 +425,7 @@ class AsyncClient:
 
     async def range_scan_chunks(
         self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
-    ) -> AsyncIterator[list[Record]]:
+    ) -> AsyncIterator[builtins.list[Record]]:
         """`range_scan` in chunks of records (fewer hand-offs for large scans)."""
         directory = self._ready()
         assert self._caller is not None
@@ -510,6 +514,6 @@ class AsyncClient:
         return self._ready().map.shard_for(key)
 
     @staticmethod
-    def _shards(directory: Directory, partition_key: str | None) -> list[int]:
+    def _shards(directory: Directory, partition_key: str | None) -> builtins.list[int]:
         shards = directory.map
         return shards.shards if partition_key is None else [shards.shard_for(partition_key)]

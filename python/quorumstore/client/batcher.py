@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Generic, NamedTuple, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, NamedTuple, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ _MAX_LINGER_FACTOR = 4
 
 Op = TypeVar("Op")
 #: Sends one closed batch on the given lane; resolves its operations' futures itself.
-Job = Callable[[int], Awaitable[None]]
+Job = Callable[[int], Coroutine[Any, Any, None]]
 
 
 class BatchLimits(NamedTuple):
@@ -48,7 +48,7 @@ class Batcher(Generic[Op]):
     """The batches of one shard and one kind (writes or reads)."""
 
     def __init__(
-        self, send: Callable[[list[Op], int], Awaitable[None]], limits: BatchLimits
+        self, send: Callable[[list[Op], int], Coroutine[Any, Any, None]], limits: BatchLimits
     ) -> None:
         self._send = send
         self._limits = limits

@@ -99,10 +99,11 @@ class ShardCaller:
         failure = classify(e)
         if not isinstance(failure, Transient):
             raise failure from None
-        hinted = bool(failure.leader_hint) and failure.leader_hint != leader
-        if hinted:
-            self._directory.hint(shard, failure.leader_hint)
-        return f"{leader}: {failure.reason}", hinted
+        hint = failure.leader_hint
+        if not hint or hint == leader:
+            return f"{leader}: {failure.reason}", False
+        self._directory.hint(shard, hint)
+        return f"{leader}: {failure.reason}", True
 
     async def _pause(
         self, what: str, shard: int, reason: str, deadline: float, backoff: Backoff, hinted: bool

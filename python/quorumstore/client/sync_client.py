@@ -12,6 +12,7 @@ thread pool of callers fast.
 
 from __future__ import annotations
 
+import builtins
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -149,7 +150,7 @@ class Client:
 
     def list(
         self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """The keys in [min, max) in hierarchical order."""
         return self._call(
             self._async.list(min_key_inclusive, max_key_exclusive, partition_key=partition_key)

@@ -155,7 +155,7 @@ class WriteSender:
     async def write(self, shard: int, request: pb.WriteRequest, lane: int) -> pb.WriteResponse:
         """One Oxia write batch, retried with the same serial until it is applied once."""
         origin = self._origin(lane)
-        metadata = ROUTING_METADATA
+        metadata: tuple[tuple[str, str], ...] = ROUTING_METADATA
         if origin is not None:
             metadata += ((CLIENT_ID_METADATA_KEY, origin[0]), (SERIAL_METADATA_KEY, str(origin[1])))
         stub = self._caller.channels.stub

@@ -45,7 +45,7 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -192,7 +192,7 @@ class RequestError(Exception):
         self.trailing_metadata = trailing_metadata
 
     async def abort(self, context: grpc.aio.ServicerContext) -> NoReturn:
-        await context.abort(self.code, self.message, self.trailing_metadata)  # type: ignore[arg-type]
+        await context.abort(self.code, self.message, self.trailing_metadata)
         raise AssertionError("context.abort returned")  # abort always raises
 
 
@@ -565,7 +565,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
 
     async def _relay_stream(
         self, address: str, method: str, request: Any, shard: int, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         call = getattr(self._relays.stub(address), method)(
             request, metadata=forwarding.relay_metadata(context)
         )
@@ -919,7 +919,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         request: pb.ListRequest | pb.RangeScanRequest,
         context: grpc.aio.ServicerContext,
         answer: Callable[[ShardReader], Iterator[_T]],
-    ) -> AsyncIterator[_T]:
+    ) -> AsyncGenerator[_T, None]:
         """A List or RangeScan: checked, then relayed to the leader in gateway mode or
         answered here from the leader's committed state."""
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from quorumstore.protocol.election import Candidate, choose_leader
 from quorumstore.protocol.messages import (
@@ -173,7 +174,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ elections
 
-    def _update(self, key: ShardKey, **changes: object) -> ShardMetadata:
+    def _update(self, key: ShardKey, **changes: Any) -> ShardMetadata:
         meta = replace(self._meta[key], **changes)
         self._meta[key] = meta
         self._version += 1

@@ -17,7 +17,9 @@ illegal transition is a named error rather than a silent branch (as in h11's
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from quorumstore.protocol.log_view import LogView
 from quorumstore.protocol.messages import (
@@ -544,7 +546,8 @@ class ShardReplica:
         )
 
 
-_HANDLERS = {
+#: Each message type's handler (each takes its own type; `step` dispatches by type).
+_HANDLERS: dict[type, Callable[[ShardReplica, Any], None]] = {
     NewTerm: ShardReplica._on_new_term,
     BecomeLeader: ShardReplica._on_become_leader,
     AddFollower: ShardReplica._on_add_follower,

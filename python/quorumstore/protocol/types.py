@@ -26,7 +26,7 @@ EMPTY_CHECKSUM = 0
 _ENTRY_HEADER = struct.Struct("<Qqq")
 
 
-def chain_checksum(previous: int, term: int, offset: int, payload: bytes) -> int:
+def chain_checksum(previous: int, term: int, offset: int, payload: bytes | memoryview) -> int:
     """Checksum of an entry, chained to the checksum of the entry before it."""
     h = xxhash.xxh3_64(_ENTRY_HEADER.pack(previous, term, offset))
     h.update(payload)

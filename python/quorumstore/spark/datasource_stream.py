@@ -109,7 +109,9 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
                 parts.append(ChangePartition(shard, low, high))
         return parts
 
-    def read(self, partition: ChangePartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ChangePartition):
+            raise TypeError(f"the change feed reads ChangePartitions, not {partition!r}")
         shaper = RowShaper(self.codec)
         with self.options.client() as client:
             for batch in client.changes(partition.shard, partition.start, partition.end):

@@ -244,8 +244,8 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
         # k + "\0" is the next key after k in hierarchical order: [min, max] inclusive.
         return decode_key(min(lows)), decode_key(max(highs)) + "\x00"
 
-    def commit(self, messages: list[StagedWrite | None]) -> None:
-        staged = [m for m in messages if m is not None]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        staged = [m for m in messages if isinstance(m, StagedWrite)]
         parts: dict[int, list[tuple[str, int, int]]] = {}
         for m in staged:
             for shard, (chunks, rows) in m.shards.items():
@@ -281,7 +281,7 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
             finally:
                 client.discard(self.write_id)
 
-    def abort(self, messages: list[StagedWrite | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         with self.options.client() as client:
             client.discard(self.write_id)
 
@@ -342,10 +342,10 @@ class QuorumstoreStreamWriter(DataSourceStreamArrowWriter):
                 send(shard, buffers.take(shard))
         return message
 
-    def commit(self, messages: list[StreamedWrite | None], batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to do: each task's rows were written, exactly once, when it finished."""
 
-    def abort(self, messages: list[StreamedWrite | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: the replay of this batch skips what was written (same serials)."""
 
 

@@ -42,7 +42,8 @@ def check_free_slots(sc: SparkContext, needed: int, timeout_s: float) -> None:
     configured = configured_slots(sc)
     if configured is not None and configured < needed:
         raise NotEnoughSlotsError(_message(sc, needed, Slots(configured, 0), "configured"))
-    waits = not sc.master.startswith("local[") and sc.master != "local"
+    master = _master(sc)
+    waits = not master.startswith("local[") and master != "local"
     deadline = time.monotonic() + (timeout_s if waits else 0.0)
     while True:
         slots = current_slots(sc)
@@ -53,14 +54,22 @@ def check_free_slots(sc: SparkContext, needed: int, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+def _master(sc: SparkContext) -> str:
+    # Set on every running context; pyspark types the attribute as optional.
+    if sc.master is None:
+        raise NotEnoughSlotsError("the SparkContext has no master URL; is it stopped?")
+    return sc.master
+
+
 def configured_slots(sc: SparkContext) -> int | None:
     """Slots the master and executor settings promise, or None where they do not say."""
     conf = sc.getConf()
     task_cpus = int(conf.get("spark.task.cpus", "1"))
-    match = _LOCAL_CLUSTER.fullmatch(sc.master)
+    master = _master(sc)
+    match = _LOCAL_CLUSTER.fullmatch(master)
     if match:
         return int(match[1]) * int(match[2]) // task_cpus
-    if sc.master.startswith("local"):
+    if master.startswith("local"):
         return current_slots(sc).total
     instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
     dynamic = conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true"
@@ -71,7 +80,7 @@ def configured_slots(sc: SparkContext) -> int | None:
 
 def current_slots(sc: SparkContext) -> Slots:
     """Slots of the executors registered now (Spark's own barrier count) and tasks running."""
-    jsc = sc._jsc.sc()  # type: ignore[union-attr]
+    jsc = sc._jsc.sc()
     total = jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
     tracker = sc.statusTracker()
     busy = 0

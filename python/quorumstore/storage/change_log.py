@@ -100,13 +100,19 @@ _COLUMN_TYPES = [field.type for field in CHANGES_SCHEMA]
 
 
 class _Version(Protocol):
-    """What the change log reads of a stored record (state_machine.Record)."""
+    """What the change log reads of a stored record (state_machine.Record, whose
+    fields are read-only)."""
 
-    value: bytes
-    version_id: int
-    modifications_count: int
-    created_ms: int
-    modified_ms: int
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def version_id(self) -> int: ...
+    @property
+    def modifications_count(self) -> int: ...
+    @property
+    def created_ms(self) -> int: ...
+    @property
+    def modified_ms(self) -> int: ...
 
 
 def entry_changes(

@@ -16,7 +16,7 @@ import os
 import weakref
 from collections.abc import Iterator
 from itertools import islice
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from rocksdict import BlockBasedOptions, Options, Rdict, RdictIter, ReadOptions, WriteBatch
 from sortedcontainers import SortedDict
@@ -273,7 +273,9 @@ class RocksKv(_RocksReader):
         return self._live().get(key)
 
     def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
-        return self._live().get(keys)
+        # rocksdict's stub types a multi-get's keys as a list of any key type (and
+        # lists are invariant) and its result as Any; in raw mode both are bytes.
+        return cast(list[bytes | None], self._live().get(cast(list[Any], keys)))
 
     def write(
         self,

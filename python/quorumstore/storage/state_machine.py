@@ -667,13 +667,13 @@ class ShardStateMachine(ShardReader):
         if origin is not None:
             previous_serial = self._store.get(serial_key(origin.client_id))
             if previous_serial is not None:
-                last, _, stored = decode_serial_record(previous_serial)
+                last, _, stored_results = decode_serial_record(previous_serial)
                 if origin.serial <= last:
                     # A retry of a write that already took effect: consume the offset only.
                     self._store.write([(APPLIED_KEY, _pack_position(position))], [], [])
                     self._applied = position
-                    results = decode_results(stored) if origin.serial == last else []
-                    return EntryResult(entry.offset, results, duplicate=True)
+                    original = decode_results(stored_results) if origin.serial == last else []
+                    return EntryResult(entry.offset, original, duplicate=True)
         if _plain_puts(batch):
             applied_columnar = self._apply_plain_puts(
                 entry.offset, batch, now, position, origin, previous_serial
@@ -759,10 +759,10 @@ class ShardStateMachine(ShardReader):
                     results.append(_SESSION_DOES_NOT_EXIST)
                     continue
                 for k in listed:
-                    record = current_of(k)
-                    if record is not None and _HEADER.unpack_from(record)[4] == session_id:
+                    ephemeral = current_of(k)
+                    if ephemeral is not None and _HEADER.unpack_from(ephemeral)[4] == session_id:
                         changes[k] = None
-                        if _HEADER.unpack_from(record)[5] & _HAS_INDEXES:
+                        if _HEADER.unpack_from(ephemeral)[5] & _HAS_INDEXES:
                             secondary_indexes.remove(internal, k)
                 results.append(_OK)
                 continue
