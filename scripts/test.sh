@@ -16,29 +16,27 @@ export PYSPARK_DRIVER_PYTHON="$PYSPARK_PYTHON"
 # Every tier runs even when an earlier one fails, so one run reports every failure;
 # the script fails at the end if any tier did.
 failed=()
-run_tier() {
+run_tier() {  # run_tier NAME COMMAND...
   local name=$1; shift
   echo "=== $name ==="
   local start=$SECONDS status=0
-  python -m pytest -q -p no:cacheprovider "$@" || status=$?
+  "$@" || status=$?
   echo "=== $name: $((SECONDS - start)) s, exit $status ==="
   if [ "$status" -ne 0 ]; then failed+=("$name"); fi
 }
 
-# Static checks first: the package's type hints (it ships py.typed) and lint.
-echo "=== static ==="
-start=$SECONDS
-if python -m mypy && python -m ruff check python tests bench examples; then status=0; else status=1; fi
-echo "=== static: $((SECONDS - start)) s, exit $status ==="
-if [ "$status" -ne 0 ]; then failed+=("static"); fi
+run_pytest() { python -m pytest -q -p no:cacheprovider "$@"; }
+# The package's type hints (it ships py.typed) and lint.
+static_checks() { python -m mypy && python -m ruff check python tests bench examples; }
 
-run_tier unit tests/unit
-run_tier simulation tests/simulation
-run_tier process tests/process
+run_tier static static_checks
+run_tier unit run_pytest tests/unit
+run_tier simulation run_pytest tests/simulation
+run_tier process run_pytest tests/process
 # Each Spark module runs in its own pytest process, so each gets a fresh JVM: the
 # state-store provider's jar reaches the driver's class path only when its JVM starts.
 for module in tests/spark/test_*.py; do
-  run_tier "spark $(basename "$module" .py)" "$module"
+  run_tier "spark $(basename "$module" .py)" run_pytest "$module"
 done
 
 if [ ${#failed[@]} -ne 0 ]; then

@@ -363,10 +363,10 @@ class DataClient:
             stream = stub.ScanArrow(request)
             return stream, next(stream)
 
-        stream, first = self._on_shard(
+        chunk: pb.ArrowChunk | None
+        stream, chunk = self._on_shard(
             shard_id, "scan", open_stream, followers=allow_follower, prefer_follower=allow_follower
         )
-        chunk: pb.ArrowChunk | None = first
         try:
             while chunk is not None:
                 for batch in ipc_batches(chunk.ipc):

@@ -99,11 +99,11 @@ class ShardCaller:
         failure = classify(e)
         if not isinstance(failure, Transient):
             raise failure from None
-        hint = failure.leader_hint
+        reason, hint = f"{leader}: {failure.reason}", failure.leader_hint
         if not hint or hint == leader:
-            return f"{leader}: {failure.reason}", False
+            return reason, False
         self._directory.hint(shard, hint)
-        return f"{leader}: {failure.reason}", True
+        return reason, True
 
     async def _pause(
         self, what: str, shard: int, reason: str, deadline: float, backoff: Backoff, hinted: bool

@@ -53,6 +53,7 @@ import grpc
 import pyarrow as pa
 
 from quorumstore.node import forwarding
+from quorumstore.node.aborts import abort
 from quorumstore.node.forwarding import Relays, Routing
 from quorumstore.node.notifications import notification_batch, position_batch
 from quorumstore.node.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, SessionKeeper
@@ -192,8 +193,7 @@ class RequestError(Exception):
         self.trailing_metadata = trailing_metadata
 
     async def abort(self, context: grpc.aio.ServicerContext) -> NoReturn:
-        await context.abort(self.code, self.message, self.trailing_metadata)
-        raise AssertionError("context.abort returned")  # abort always raises
+        await abort(context, self.code, self.message, self.trailing_metadata)
 
 
 def _invalid(message: str) -> RequestError:

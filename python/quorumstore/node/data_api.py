@@ -38,6 +38,7 @@ import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from quorumstore.node.aborts import abort
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.proto import replication_pb2
@@ -121,8 +122,7 @@ class _Refused(Exception):
 
     async def abort(self, context: grpc.aio.ServicerContext) -> NoReturn:
         metadata = ((LEADER_HINT_METADATA_KEY, self.leader),) if self.leader else ()
-        await context.abort(self.code, self.message, metadata)
-        raise AssertionError("context.abort returned")
+        await abort(context, self.code, self.message, metadata)
 
 
 def _invalid(message: str) -> _Refused:
@@ -507,14 +507,14 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                 )
         known = sorted(ns.namespace for ns in table.namespaces)
         if not known:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "this node has no shard assignments yet"
+            await abort(
+                context, grpc.StatusCode.UNAVAILABLE, "this node has no shard assignments yet"
             )
-        await context.abort(
+        await abort(
+            context,
             grpc.StatusCode.NOT_FOUND,
             f"namespace {request.namespace!r} not found (this cluster has {known})",
         )
-        raise AssertionError("context.abort returned")
 
     async def SplitRanges(
         self, request: pb.SplitRangesRequest, context: grpc.aio.ServicerContext

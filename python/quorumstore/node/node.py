@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import grpc
 
 from quorumstore import wire
+from quorumstore.node.aborts import abort
 from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
 from quorumstore.node.shard_host import ShardHost, WalRetention
@@ -187,17 +187,11 @@ class Node:
         )
 
 
-async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
-    """`context.abort`, which always raises, typed so: grpcio's hints are not visible to mypy."""
-    await context.abort(code, details)
-    raise AssertionError("context.abort returned")
-
-
 async def _await_reply(future: asyncio.Future, context: grpc.aio.ServicerContext, what: str):
     try:
         return await asyncio.wait_for(future, _REPLY_TIMEOUT_S)
     except TimeoutError:
-        await _abort(
+        await abort(
             context,
             grpc.StatusCode.FAILED_PRECONDITION,
             f"{what} was not accepted (stale term or wrong state); the coordinator retries with a fresh term",
@@ -220,7 +214,7 @@ class _NodeControl(pb_grpc.NodeControlServicer):
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard)
         if host is None:
-            await _abort(context, grpc.StatusCode.NOT_FOUND, f"shard {shard} is not hosted on {self.node.name}")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"shard {shard} is not hosted on {self.node.name}")
         reply = self.node.transport.expect(BecomeLeaderResponse, shard)
         host.step(wire.become_leader_from_pb(request))
         response = await _await_reply(reply, context, f"BecomeLeader {request.term} for {shard}")
@@ -331,7 +325,7 @@ class _Replication(pb_grpc.ReplicationServicer):
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard)
         if host is None:
-            await _abort(context, grpc.StatusCode.NOT_FOUND, f"shard {shard} is not hosted on {self.node.name}")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"shard {shard} is not hosted on {self.node.name}")
         reply = self.node.transport.expect(TruncateResponse, shard, request.leader_name)
         host.step(wire.truncate_from_pb(request))
         response = await _await_reply(reply, context, f"Truncate for {shard}")
@@ -349,7 +343,7 @@ class _Replication(pb_grpc.ReplicationServicer):
                     shard = (chunk.namespace, chunk.shard)
                     host = self.node.hosts.get(shard)
                     if host is None or not host.can_install_snapshot(chunk.term, chunk.leader_name):
-                        await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"not accepting a snapshot for {shard} in term {chunk.term}")
+                        await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"not accepting a snapshot for {shard} in term {chunk.term}")
                     stager = _SnapshotStager(host.staging_directory())
                 assert stager is not None
                 await stager.feed(chunk.data)
@@ -360,12 +354,12 @@ class _Replication(pb_grpc.ReplicationServicer):
                 await stager.abandon()
             raise
         if first is None or host is None or stager is None:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
         try:
             await stager.finish()
         except Exception as e:  # noqa: BLE001 - any staging failure is the sender's DATA_LOSS
             shutil.rmtree(stager.directory, ignore_errors=True)
-            await _abort(context, grpc.StatusCode.DATA_LOSS, f"snapshot could not be staged: {e}")
+            await abort(context, grpc.StatusCode.DATA_LOSS, f"snapshot could not be staged: {e}")
         staging = stager.directory
         position = wire.position_from_pb(first.position)
         head = host.install_staged_snapshot(first.term, first.leader_name, position, staging)

@@ -57,7 +57,7 @@ def check_free_slots(sc: SparkContext, needed: int, timeout_s: float) -> None:
 def _master(sc: SparkContext) -> str:
     # Set on every running context; pyspark types the attribute as optional.
     if sc.master is None:
-        raise NotEnoughSlotsError("the SparkContext has no master URL; is it stopped?")
+        raise RuntimeError("the SparkContext has no master URL; is it stopped?")
     return sc.master
 
 
