@@ -155,7 +155,7 @@ def main() -> int:
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import functions as F
 
     from quorumstore.spark.datasource import register
@@ -194,13 +194,11 @@ def main() -> int:
             assert df.count() == args.rows, f"{name} does not hold {args.rows} rows"
 
         counts = best_of(args.repeats, {name: df.count for name, df in sources.items()})
-        reads = best_of(
-            args.repeats,
-            {
-                name: (lambda df=df: df.agg(F.count("key"), F.count("value")).collect())
-                for name, df in sources.items()
-            },
-        )
+
+        def read_all(df: DataFrame) -> Callable[[], object]:
+            return lambda: df.agg(F.count("key"), F.count("value")).collect()
+
+        reads = best_of(args.repeats, {name: read_all(df) for name, df in sources.items()})
         scan = best_of(args.repeats, {"quorumstore": lambda: scan_all(address, args.rows)})
         partitions = sources["quorumstore"].rdd.getNumPartitions()
         print(

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import grpc
 
@@ -62,6 +62,8 @@ from quorumstore.proto import oxia_client_pb2 as oxia_pb
 from quorumstore.proto import oxia_client_pb2_grpc as oxia_grpc
 from quorumstore.proto import replication_pb2 as repl_pb
 from quorumstore.proto import replication_pb2_grpc as repl_grpc
+
+T = TypeVar("T")
 
 NODES = 3
 STOP_GRACE_S = 10.0
@@ -547,7 +549,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-async def _cancellable(coroutine: Awaitable[object]) -> object:
+async def _cancellable(coroutine: Awaitable[T]) -> T:
     """SIGTERM cancels the measurement like Ctrl-C does (see etcd_peer._measure_cancellable)."""
     task = asyncio.current_task()
     assert task is not None
@@ -579,11 +581,11 @@ def main(argv: list[str] | None = None) -> int:
                 etcd_cluster.wait_ready()
                 etcd = asyncio.run(_cancellable(run_etcd(etcd_cluster, args)))
             with QuorumstoreCluster(Path(base) / "quorumstore", args.shards) as qs_cluster:
-                plain, client = asyncio.run(_cancellable(run_quorumstore(qs_cluster, args)))  # type: ignore[misc]
+                plain, client = asyncio.run(_cancellable(run_quorumstore(qs_cluster, args)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted; every etcd and quorumstore process was stopped", file=sys.stderr)
         return 130
-    print_report(etcd, plain, client, args, version)  # type: ignore[arg-type]
+    print_report(etcd, plain, client, args, version)
     print(f"(ran {time.monotonic() - started:.0f} s)")
     return 0
 

@@ -104,6 +104,7 @@ def run_phase(args: argparse.Namespace) -> dict:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     jvm = spark._jvm
+    assert jvm is not None, "the bench runs PySpark classic, not Spark Connect"
 
     jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
 

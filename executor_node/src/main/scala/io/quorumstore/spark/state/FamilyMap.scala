@@ -244,8 +244,8 @@ private final class BaseFileWriter(dir: File, blockBytes: Int) {
  *
  * Most entries live in `base`, a BaseFile of packed sorted blocks on local disk with a small
  * index on the heap; changes since the last compaction live in `recent`, a skip list in which
- * a removed base key maps to `Bytes.Tombstone`. When `recent` outgrows an eighth of the base
- * (and `minCompaction`), both are merged into a new file in one sequential pass. Writes come
+ * a removed base key maps to `Bytes.Tombstone`. When `recent` outgrows 1/`RecentShare` of the
+ * base (and `minCompaction`), both are merged into a new file in one sequential pass. Writes come
  * from one thread at a time (the provider's state lock); reads may run concurrently and see a
  * consistent (base, recent) pair, each iterator being weakly consistent like a
  * ConcurrentSkipListMap's. Readers other than the writer hold the base file they read (see
@@ -397,7 +397,7 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
   private def maybeCompact(): Unit = if (outgrown(layers)) compact()
 
   private def outgrown(l: Layers): Boolean =
-    l.recent.size() > math.max(minCompaction.toLong, l.base.entries / 8)
+    l.recent.size() > math.max(minCompaction.toLong, l.base.entries / FamilyMap.RecentShare)
 
   /**
    * Ends a bulk load. Its changes that went to `recent` are packed into the base only if
@@ -461,10 +461,14 @@ final class FamilyMap(localDir: File, minCompaction: Int = FamilyMap.MinCompacti
 }
 
 object FamilyMap {
-  /** `recent` is compacted once it holds more than this many keys and an eighth of the base:
-   * a skip-list entry costs ~100 bytes of heap, so `recent` stays small, while a compaction
-   * (one sequential rewrite of the base file) comes at most every base/8 writes. */
+  /** `recent` is compacted once it holds more than this many keys and 1/`RecentShare` of
+   * the base's: a skip-list entry costs ~100 bytes of heap (`Bytes.entryHeapBytes`). */
   val MinCompaction: Int = 8192
+  /** How large `recent` may grow against the base: at 1/32 it holds ~3 bytes of heap per
+   * entry of state, and a compaction (one sequential rewrite of the file) comes at most
+   * every base/32 writes. At 1/8 the state-store bench's provider held twice the heap, and
+   * its micro-batches were no faster. */
+  val RecentShare: Int = 32
   /** Bytes of keys and values per block of a base file: what one get reads. */
   val BlockBytes: Int = 4096
   /** Bytes a base file is written in. */
