@@ -1,0 +1,27 @@
+"""bench/grpc_floor_bench.py runs and reports every kind of exchange."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import grpc_floor_bench
+
+
+def test_prints_wall_and_cpu_per_exchange(capsys: pytest.CaptureFixture[str]) -> None:
+    assert grpc_floor_bench.main(["--calls", "20"]) == 0
+    out = capsys.readouterr().out
+    for kind in ("unary call", "unary call + 2 metadata entries", "bidirectional stream round trip"):
+        assert kind in out
+    assert "x the CPU of a round trip on an open stream" in out
+
+
+def test_refuses_a_non_positive_call_count() -> None:
+    with pytest.raises(SystemExit):
+        grpc_floor_bench.main(["--calls", "0"])
