@@ -26,7 +26,7 @@ run_tier() {  # run_tier NAME COMMAND...
 }
 
 run_pytest() { python -m pytest -q -p no:cacheprovider "$@"; }
-# The package's type hints (it ships py.typed) and lint.
+# Type hints of the package (it ships py.typed) and the benchmarks, and lint.
 static_checks() { python -m mypy && python -m ruff check python tests bench examples; }
 
 run_tier static static_checks

@@ -1,8 +1,10 @@
-"""Shared test setup: the package is imported from the source tree when not installed."""
+"""Shared test setup: the package is imported from the source tree when not installed, and
+the benchmarks (bench/, scripts rather than a package) by their module names."""
 
 import sys
 from pathlib import Path
 
-_SRC = Path(__file__).resolve().parents[1] / "python"
-if str(_SRC) not in sys.path:
-    sys.path.insert(0, str(_SRC))
+_REPO = Path(__file__).resolve().parents[1]
+for _path in (_REPO / "python", _REPO / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))

@@ -30,15 +30,13 @@ from pathlib import Path
 import pyspark
 import pytest
 from pyspark.sql import SparkSession
+from spark_failover_bench import failover_trial
 
 import quorumstore.spark
 from quorumstore.spark.config import HostingConfig
 from quorumstore.spark.slots import current_slots
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-
-from spark_failover_bench import failover_trial
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

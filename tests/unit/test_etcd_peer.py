@@ -10,18 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-
 import etcd_peer
 import measure
+import pytest
 
 
 class FakeStore:

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-
 import grpc_floor_bench
+import pytest
 
 
 def test_prints_wall_and_cpu_per_exchange(capsys: pytest.CaptureFixture[str]) -> None:
