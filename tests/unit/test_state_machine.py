@@ -800,4 +800,8 @@ def test_columnar_apply_equals_the_loop(
     first_origin = ClientSerial("writer", 29)
     retry = make_entry(head, 1, WriteBatchBuilder().build(9_999, first_origin))
     [duplicate] = machines["columnar"].apply([retry])
-    assert duplicate.duplicate and duplicate.results == results["loop"].results
+    assert duplicate.duplicate
+    # Stored results keep each record's version, not its value (see `encode_results`).
+    assert [r.version for r in duplicate.results] == [
+        r.version._replace(value=b"") for r in results["loop"].results if r.version is not None
+    ]

@@ -130,6 +130,8 @@ class Record(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class OpResult:
     status: Status
+    #: The record a put wrote. Only its version fields are the result: the results
+    #: stored for an exactly-once retry (`encode_results`) keep no value.
     version: Record | None = None
     #: The key a put wrote when the shard chose it (sequence keys).
     key: str | None = None
@@ -175,12 +177,13 @@ assert (_RECORD_HEADER.itemsize, _RESULT_HEADER.itemsize) == (_HEADER.size, _RES
 def encode_results(results: Sequence[OpResult]) -> bytes:
     """Compact bytes of per-op results, kept with a client's latest serial.
 
-    Per result: the header, the record, then (when flagged) the key's length and
-    UTF-8 bytes and the session id.
+    Per result: the header, the record without its value (a write's response carries
+    the version, never the value, so storing it would write every value twice), then
+    (when flagged) the key's length and UTF-8 bytes and the session id.
     """
     parts = [_COUNTER.pack(len(results))]
     for r in results:
-        record = b"" if r.version is None else encode_record(r.version)
+        record = b"" if r.version is None else _encode_record_head(r.version)
         flags = (
             (_RESULT_RECORD if r.version is not None else 0)
             | (_RESULT_KEY if r.key is not None else 0)
@@ -219,6 +222,11 @@ def decode_results(data: bytes) -> list[OpResult]:
 
 
 def encode_record(record: Record) -> bytes:
+    return _encode_record_head(record) + record.value
+
+
+def _encode_record_head(record: Record) -> bytes:
+    """The stored form of `record` up to its value: header, client identity, partition key."""
     flags = 0
     client_identity = partition_key = b""
     if record.client_identity is not None:
@@ -239,7 +247,7 @@ def encode_record(record: Record) -> bytes:
         len(client_identity),
         len(partition_key),
     )
-    return b"".join((header, client_identity, partition_key, record.value))
+    return b"".join((header, client_identity, partition_key))
 
 
 def decode_record(data: bytes) -> Record:
@@ -911,21 +919,21 @@ class ShardStateMachine(ShardReader):
             ("partition_key_length", partition_key),
         ):
             header[column] = pc.binary_length(strings).fill_null(0).to_numpy()
-        records = pc.binary_join_element_wise(
+        heads = pc.binary_join_element_wise(
             _packed_binary(header),
             client_identity.fill_null(b""),
             partition_key.fill_null(b""),
-            value,
             b"",
         )
+        records = pc.binary_join_element_wise(heads, value, b"")
         serial = None
-        if origin is not None:
+        if origin is not None:  # results without values, as `encode_results` writes them
             result_header = np.zeros(n, _RESULT_HEADER)
             result_header["status"] = Status.OK
             result_header["flags"] = _RESULT_RECORD
-            result_header["length"] = pc.binary_length(records).to_numpy()
+            result_header["length"] = pc.binary_length(heads).to_numpy()
             results = _COUNTER.pack(n) + _concatenated(
-                pc.binary_join_element_wise(_packed_binary(result_header), records, b"")
+                pc.binary_join_element_wise(_packed_binary(result_header), heads, b"")
             )
             serial = (origin, results, previous_serial)
         int64 = pa.int64()
