@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from quorumstore import event_loops
 from quorumstore.node.node import Node, NodeConfig
 
 log = logging.getLogger("quorumstore.spark.node_task")
@@ -76,7 +77,7 @@ def serve_partition(spec: NodeTaskSpec, indices: Iterable[int]) -> Iterator[str]
     _configure_logging(spec.log_level)
     spec.pid_file(index).parent.mkdir(parents=True, exist_ok=True)
     spec.pid_file(index).write_text(f"{os.getpid()}\n")
-    asyncio.run(_supervise(spec, index))
+    event_loops.run(_supervise(spec, index))
     return iter(())
 
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, cast
 
 import grpc
 
+from quorumstore import event_loops
+
 if TYPE_CHECKING:
     from quorumstore.node.shard_host import WalRetention
 
@@ -384,11 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "standalone":
-            asyncio.run(_run_standalone(args))
+            event_loops.run(_run_standalone(args))
         elif args.command == "node":
-            asyncio.run(_run_node(args))
+            event_loops.run(_run_node(args))
         elif args.command == "coordinator":
-            asyncio.run(_run_coordinator(args))
+            event_loops.run(_run_coordinator(args))
         elif args.command == "cluster":
             _run_cluster(args)
         elif args.command == "status":

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
+from quorumstore import event_loops
 from quorumstore.client.errors import ClientClosed
 
 T = TypeVar("T")
@@ -64,7 +65,7 @@ class LoopThread:
     """A private event loop running on its own daemon thread."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = event_loops.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
         self._inbox: deque[

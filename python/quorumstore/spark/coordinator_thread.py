@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from quorumstore import event_loops
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 
 T = TypeVar("T")
@@ -25,7 +26,7 @@ class CoordinatorThread:
 
     def __init__(self, config: CoordinatorServerConfig):
         self.server = CoordinatorServer(config)
-        self._loop = asyncio.new_event_loop()
+        self._loop = event_loops.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="quorumstore-coordinator", daemon=True
         )
