@@ -222,11 +222,17 @@ def decode_results(data: bytes) -> list[OpResult]:
 
 
 def encode_record(record: Record) -> bytes:
-    return _encode_record_head(record) + record.value
+    return b"".join((*_record_head_parts(record), record.value))
 
 
 def _encode_record_head(record: Record) -> bytes:
-    """The stored form of `record` up to its value: header, client identity, partition key."""
+    """The stored form of `record` up to its value (what `encode_results` keeps)."""
+    return b"".join(_record_head_parts(record))
+
+
+def _record_head_parts(record: Record) -> tuple[bytes, bytes, bytes]:
+    """Header, client identity and partition key of `record`'s stored form, not yet
+    joined, so that a whole record is copied once (the apply loop encodes every put)."""
     flags = 0
     client_identity = partition_key = b""
     if record.client_identity is not None:
@@ -247,7 +253,7 @@ def _encode_record_head(record: Record) -> bytes:
         len(client_identity),
         len(partition_key),
     )
-    return b"".join((header, client_identity, partition_key))
+    return header, client_identity, partition_key
 
 
 def decode_record(data: bytes) -> Record:
