@@ -463,7 +463,7 @@ class Simulation:
         """The coordinator re-elects a shard's leader (a false failure suspicion)."""
         shard = self.rng.choice(sorted(self.history))
         self.log(f"REELECT {shard}")
-        self.coordinator.coordinator.start_election(shard)
+        self.coordinator.coordinator.start_election(shard, "simulated false failure suspicion")
         self.coordinator.process()
 
     def _partition(self) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import pyarrow as pa
 
 from quorumstore import wire
 from quorumstore.node.aborts import abort
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 _REPLY_TIMEOUT_S = 5.0
 #: Snapshot chunks received but not yet written to the staging KV (backpressure bound).
 _SNAPSHOT_CHUNKS_BUFFERED = 4
+#: A tick this much later than due is logged: the loop ran something too long.
+_STALL_WARNING_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Node:
         if port == 0:
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: the port is taken or not allowed")
         self.name = f"{self.config.advertise_host or self.config.host}:{port}"
+        _import_pyarrow_pandas_shim()
         self._open_existing_shards()
         await self._server.start()
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
@@ -116,8 +120,17 @@ class Node:
 
     async def _tick_loop(self) -> None:
         interval = self.config.tick_ms / 1000
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             await asyncio.sleep(interval)
+            late = loop.time() - started - interval
+            if late > _STALL_WARNING_S:
+                log.warning(
+                    "node %s: event loop stalled %.0f ms; health reports to the coordinator wait "
+                    "meanwhile, and a long enough stall gets the shards this node leads re-elected",
+                    self.name, late * 1000,
+                )
             for host in list(self.hosts.values()):
                 try:
                     host.tick()
@@ -185,6 +198,14 @@ class Node:
             ping_sequence=ping_sequence,
             shards=[wire.shard_status_to_pb(h.replica.status()) for _, h in sorted(self.hosts.items())],
         )
+
+
+def _import_pyarrow_pandas_shim() -> None:
+    """pyarrow imports pandas, when installed, on its first `pa.array` call: 0.3 s of CPU
+    (0.5-0.65 s measured with three nodes on two cores) that stalled the event loop at a
+    node's first write, long enough for the coordinator to replace a healthy leader.
+    Paid here, before serving, instead."""
+    pa.array([], pa.int8())
 
 
 async def _await_reply(future: asyncio.Future, context: grpc.aio.ServicerContext, what: str):

@@ -14,6 +14,7 @@ election; a failed follower changes nothing while a quorum remains.
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +37,8 @@ from quorumstore.protocol.quorum import majority
 from quorumstore.protocol.types import NO_TERM, Role
 
 HASH_SPACE = 1 << 32
+
+log = logging.getLogger(__name__)
 
 
 class ShardState(enum.Enum):
@@ -181,9 +184,13 @@ class Coordinator:
         self._dirty = True
         return meta
 
-    def start_election(self, key: ShardKey) -> None:
+    def start_election(self, key: ShardKey, cause: str) -> None:
+        """Fence the ensemble in a new term. `cause` is logged, as a warning when an online
+        leader is displaced: that pauses the shard's writes."""
         meta = self._meta[key]
         term = meta.term + 1
+        level = logging.WARNING if meta.state is ShardState.ONLINE else logging.INFO
+        log.log(level, "shard %s/%d: election for term %d: %s", key[0], key[1], term, cause)
         self._update(key, term=term, leader=None, state=ShardState.ELECTION)
         self._assignments_changed = True
         self._elections[key] = _Election(term)
@@ -199,10 +206,10 @@ class Coordinator:
         election = self._elections.get(key)
         if meta.state is ShardState.ONLINE:
             if meta.leader is not None and not self.node_alive(meta.leader):
-                self.start_election(key)
+                self.start_election(key, f"no health report from leader {meta.leader} in {self.config.node_failure_ticks} ticks")
             return
         if election is None or election.term != meta.term:
-            self.start_election(key)
+            self.start_election(key, f"no election under way for term {meta.term} (state {meta.state.value})")
             return
         for node in meta.ensemble:
             if node not in election.responses and self._now >= self._retry_at.get((key, node), 0):
@@ -210,7 +217,7 @@ class Coordinator:
         if election.candidate is not None:
             election.ticks_since_become_leader += 1
             if election.ticks_since_become_leader > self.config.become_leader_timeout_ticks:
-                self.start_election(key)
+                self.start_election(key, f"{election.candidate} did not confirm BecomeLeader in {self.config.become_leader_timeout_ticks} ticks")
             return
         if election.ticks_since_majority >= 0:
             election.ticks_since_majority += 1
@@ -309,7 +316,8 @@ class Coordinator:
 
     def _on_leader_status(self, key: ShardKey, meta: ShardMetadata, status: ShardStatus | None) -> None:
         if status is None or status.role is not Role.LEADER or status.term != meta.term:
-            self.start_election(key)  # the leader restarted or was fenced
+            seen = "no replica" if status is None else f"{status.role.name} in term {status.term}"
+            self.start_election(key, f"leader {meta.leader} reports {seen}")
             return
         in_sync = {f.name for f in status.followers if status.commit_offset - f.acked_offset <= self.config.max_lag}
         eligible = frozenset(in_sync | {meta.leader})
