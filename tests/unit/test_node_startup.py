@@ -36,8 +36,14 @@ _PROBE = textwrap.dedent(
 
 def test_first_arrow_array_after_start_imports_nothing(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", _PROBE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     lazily_imported = result.stdout.split()
-    assert not lazily_imported, f"{len(lazily_imported)} modules imported at the first write, among them {lazily_imported[:5]}"
+    assert not lazily_imported, (
+        f"{len(lazily_imported)} modules imported at the first write, among them {lazily_imported[:5]}"
+    )

@@ -37,6 +37,8 @@ from quorumstore.protocol.quorum import majority
 from quorumstore.protocol.types import NO_TERM, Role
 
 HASH_SPACE = 1 << 32
+#: `_last_seen` of a node whose health stream broke: failed at once, not after the timeout.
+_UNREACHABLE = -(10**9)
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +149,12 @@ class Coordinator:
         return self._meta[key]
 
     def node_alive(self, node: str) -> bool:
-        return self._now - self._last_seen.get(node, -(10**9)) <= self.config.node_failure_ticks
+        return self._now - self._last_seen.get(node, _UNREACHABLE) <= self.config.node_failure_ticks
+
+    def _failure(self, node: str) -> str:
+        if self._last_seen.get(node, _UNREACHABLE) == _UNREACHABLE:
+            return f"{node} is unreachable (its health stream broke)"
+        return f"{node} sent no health report in {self.config.node_failure_ticks} ticks"
 
     # ------------------------------------------------------------------ inputs
 
@@ -166,7 +173,7 @@ class Coordinator:
         elif isinstance(msg, NodeStatus):
             self._on_node_status(msg)
         elif isinstance(msg, NodeUnreachable) and msg.node in self._last_seen:
-            self._last_seen[msg.node] = -(10**9)
+            self._last_seen[msg.node] = _UNREACHABLE
 
     def ready(self) -> CoordinatorReady:
         ready = CoordinatorReady(self.metadata if self._dirty else None, self._out, self._assignments_changed)
@@ -206,7 +213,7 @@ class Coordinator:
         election = self._elections.get(key)
         if meta.state is ShardState.ONLINE:
             if meta.leader is not None and not self.node_alive(meta.leader):
-                self.start_election(key, f"no health report from leader {meta.leader} in {self.config.node_failure_ticks} ticks")
+                self.start_election(key, f"leader {self._failure(meta.leader)}")
             return
         if election is None or election.term != meta.term:
             self.start_election(key, f"no election under way for term {meta.term} (state {meta.state.value})")

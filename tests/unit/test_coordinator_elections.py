@@ -1,0 +1,135 @@
+"""Why the coordinator re-elects a leader, and that it says why.
+
+Every election pauses a shard's writes, so an operator must be able to tell a real fault
+from a false suspicion in the coordinator's log. The engine is driven directly: its
+inputs are messages and ticks, its outputs the messages it sends.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from quorumstore.protocol.coordinator import (
+    Coordinator,
+    CoordinatorConfig,
+    ShardState,
+    initial_metadata,
+)
+from quorumstore.protocol.messages import (
+    BecomeLeader,
+    BecomeLeaderResponse,
+    NewTerm,
+    NewTermResponse,
+    NodeStatus,
+    NodeUnreachable,
+    ShardStatus,
+)
+from quorumstore.protocol.types import LogPosition, Role
+
+NODES = ["a", "b", "c"]
+SHARD = ("default", 0)
+HEAD = LogPosition(term=-1, offset=-1, checksum=0)
+CONFIG = CoordinatorConfig(node_failure_ticks=5)
+
+
+def _online_coordinator() -> tuple[Coordinator, str]:
+    """A coordinator whose one shard has an elected leader; returns it and the leader."""
+    coordinator = Coordinator(NODES, initial_metadata(NODES, {"default": 1}, 3), CONFIG)
+    coordinator.tick()
+    new_terms = [out for out in coordinator.ready().messages if isinstance(out.message, NewTerm)]
+    term = new_terms[0].message.term
+    for out in new_terms:
+        coordinator.step(NewTermResponse(SHARD, term, out.to, HEAD, -1))
+    (become,) = [
+        out for out in coordinator.ready().messages if isinstance(out.message, BecomeLeader)
+    ]
+    coordinator.step(BecomeLeaderResponse(SHARD, term, become.to, HEAD))
+    assert coordinator.shard(SHARD).state is ShardState.ONLINE
+    _report_all(coordinator, become.to)
+    return coordinator, become.to
+
+
+def _report(coordinator: Coordinator, node: str, role: Role) -> None:
+    meta = coordinator.shard(SHARD)
+    coordinator.step(NodeStatus(node, (ShardStatus(SHARD, meta.term, role, HEAD, -1),)))
+
+
+def _report_followers(coordinator: Coordinator, leader: str) -> None:
+    for node in NODES:
+        if node != leader:
+            _report(coordinator, node, Role.FOLLOWER)
+
+
+def _report_all(coordinator: Coordinator, leader: str) -> None:
+    _report(coordinator, leader, Role.LEADER)
+    _report_followers(coordinator, leader)
+
+
+def test_a_reporting_leader_keeps_its_term() -> None:
+    coordinator, leader = _online_coordinator()
+    term = coordinator.shard(SHARD).term
+    for _ in range(50):
+        coordinator.tick()
+        _report_all(coordinator, leader)
+    assert (coordinator.shard(SHARD).term, coordinator.shard(SHARD).leader) == (term, leader)
+
+
+def test_a_silent_leader_is_replaced_once_the_failure_timeout_passes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    coordinator, leader = _online_coordinator()
+    term = coordinator.shard(SHARD).term
+    for _ in range(CONFIG.node_failure_ticks):
+        coordinator.tick()
+        _report_followers(coordinator, leader)  # the leader says nothing
+        assert coordinator.shard(SHARD).term == term, "replaced before the failure timeout"
+    with caplog.at_level(logging.INFO, logger="quorumstore.protocol.coordinator"):
+        coordinator.tick()
+    assert coordinator.shard(SHARD).term == term + 1
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"shard default/0: election for term {term + 1}: leader {leader} sent no health report in 5 ticks"
+    )
+
+
+def test_an_unreachable_leader_is_replaced_at_the_next_tick(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    coordinator, leader = _online_coordinator()
+    term = coordinator.shard(SHARD).term
+    coordinator.tick()
+    _report_all(coordinator, leader)
+    coordinator.step(NodeUnreachable(leader))
+    with caplog.at_level(logging.INFO, logger="quorumstore.protocol.coordinator"):
+        coordinator.tick()
+    assert coordinator.shard(SHARD).term == term + 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"shard default/0: election for term {term + 1}: leader {leader} is unreachable (its health stream broke)"
+    ]
+
+
+def test_a_leader_reporting_itself_fenced_is_replaced(caplog: pytest.LogCaptureFixture) -> None:
+    coordinator, leader = _online_coordinator()
+    term = coordinator.shard(SHARD).term
+    with caplog.at_level(logging.INFO, logger="quorumstore.protocol.coordinator"):
+        _report(coordinator, leader, Role.FENCED)  # e.g. restarted before its stream was missed
+    assert coordinator.shard(SHARD).term == term + 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"shard default/0: election for term {term + 1}: leader {leader} reports FENCED in term {term}"
+    ]
+
+
+def test_the_first_election_of_a_new_cluster_is_logged_as_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="quorumstore.protocol.coordinator"):
+        _online_coordinator()
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.INFO,
+            "shard default/0: election for term 0: no election under way for term -1 (state election)",
+        )
+    ]
