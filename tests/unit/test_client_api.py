@@ -757,6 +757,7 @@ def test_bad_keys_and_values_are_invalid(small_cluster: Cluster) -> None:
     assert_invalid(lambda: c.get("/" + "k" * 16), "gets[0].key is 17 bytes")
     assert_invalid(lambda: c.list("/" + "k" * 16, ""), "start_inclusive is 17 bytes")
     assert c.put("/" + "k" * 15, b"v" * 32).status == pb.OK  # exactly at the limits
+    assert c.put("/" + "\u00e9" * 7, b"v" * 32).status == pb.OK  # 15 UTF-8 bytes
     # Plain puts are checked all at once; the one at fault is still named.
     ok = pb.PutRequest(key="/ok", value=b"v")
     for bad, message in (

@@ -56,6 +56,7 @@ from quorumstore.node import forwarding
 from quorumstore.node.aborts import abort
 from quorumstore.node.forwarding import Relays, Routing
 from quorumstore.node.notifications import notification_batch, position_batch
+from quorumstore.node.plain_puts import PlainPuts, plain_puts
 from quorumstore.node.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, SessionKeeper
 from quorumstore.node.write_coalescer import WriteCoalescer
 from quorumstore.proto import oxia_client_pb2 as pb
@@ -225,23 +226,6 @@ def _chunks(
             chunk, size = [], 0
     if chunk:
         yield chunk
-
-
-_KEY_AND_VALUE = frozenset((pb.PutRequest.KEY_FIELD_NUMBER, pb.PutRequest.VALUE_FIELD_NUMBER))
-
-
-def _plain_puts(request: pb.WriteRequest) -> tuple[list[str], list[bytes]] | None:
-    """(keys, values) when `request` holds only puts that set nothing but a key and a
-    value, as most writes do; None otherwise. Such requests are checked and encoded
-    column by column instead of op by op."""
-    if request.deletes or request.delete_ranges:
-        return None
-    puts = request.puts
-    for put in puts:
-        for field, _ in put.ListFields():  # the fields set, in one call
-            if field.number not in _KEY_AND_VALUE:
-                return None
-    return [put.key for put in puts], [put.value for put in puts]
 
 
 def _fill_version(version: pb.Version, record: Record) -> None:
@@ -644,11 +628,12 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             self._check_key(index.secondary_key, f"{field}.secondary_indexes[{j}].secondary_key")
         self._check_expected_version(put, field)
 
-    def _check_write(self, request: pb.WriteRequest) -> None:
-        """The whole request, so that a bad op anywhere writes nothing."""
-        plain = _plain_puts(request)
-        if plain is not None and self._plain_puts_within_limits(*plain):
-            return
+    def _check_write(self, request: pb.WriteRequest) -> PlainPuts | None:
+        """The whole request, so that a bad op anywhere writes nothing; its plain puts,
+        if that is all it holds (see `plain_puts.py`)."""
+        plain = plain_puts(request)
+        if plain is not None and self._plain_puts_within_limits(plain):
+            return plain
         # Op by op: slower, and names the op that is wrong.
         for i, put in enumerate(request.puts):
             self._check_put(put, f"puts[{i}]")
@@ -659,18 +644,14 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             self._check_range(
                 delete_range.start_inclusive, delete_range.end_exclusive, f"delete_ranges[{i}]"
             )
+        return None
 
-    def _plain_puts_within_limits(self, keys: list[str], values: list[bytes]) -> bool:
-        """Whether `_check_put` would pass every one of these plain puts (bounds taken
-        over all of them at once: a UTF-8 character is at most 4 bytes)."""
-        if not keys or not all(keys):
-            return not keys
-        if max(map(len, values)) > self._max_value_bytes:
-            return False
-        longest = max(map(len, keys))
-        return (
-            longest * 4 <= self._max_key_bytes
-            or max(len(key.encode()) for key in keys) <= self._max_key_bytes
+    def _plain_puts_within_limits(self, plain: PlainPuts) -> bool:
+        """Whether `_check_put` would pass every one of these plain puts."""
+        return not len(plain.keys) or (
+            plain.shortest_key_bytes > 0
+            and plain.longest_key_bytes <= self._max_key_bytes
+            and plain.largest_value_bytes <= self._max_value_bytes
         )
 
     @staticmethod
@@ -704,17 +685,18 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
     # -------------------------------------------------------------- writes
 
     def _build_batch(
-        self, requests: Sequence[pb.WriteRequest], origin: ClientSerial | None
+        self,
+        requests: Sequence[pb.WriteRequest],
+        plains: Sequence[PlainPuts | None],
+        origin: ClientSerial | None,
     ) -> bytes:
         """One write batch of `requests` in order, each as its puts, then its deletes,
-        then its delete ranges."""
-        plain = [_plain_puts(request) for request in requests]
-        if all(p is not None for p in plain):
-            keys = [key for p in plain if p is not None for key in p[0]]
-            values = [value for p in plain if p is not None for value in p[1]]
+        then its delete ranges; `plains` are their `plain_puts`."""
+        columns = [plain for plain in plains if plain is not None]
+        if len(columns) == len(requests):
             return puts_batch(
-                pa.array(keys, pa.string()),
-                pa.array(values, pa.binary()),
+                pa.concat_arrays([plain.keys for plain in columns]),
+                pa.concat_arrays([plain.values for plain in columns]),
                 self._directory.now_ms(),
                 origin,
             )
@@ -751,7 +733,8 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         if coalescer is None:
 
             async def replicate(requests: Sequence[pb.WriteRequest]) -> EntryResult:
-                return await self._replicate(host, shard, self._build_batch(requests, None))
+                plains = [plain_puts(request) for request in requests]
+                return await self._replicate(host, shard, self._build_batch(requests, plains, None))
 
             coalescer = self._coalescers[host] = WriteCoalescer(replicate)
         return coalescer
@@ -774,19 +757,20 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         it), so that a stream's writes reach their leaders in request order."""
         shard = request.shard if request.HasField("shard") else None
         target = self._route(shard, context)
-        self._check_write(request)
+        plain = self._check_write(request)
         if isinstance(target, str):
             if previous is not None:
                 await asyncio.wait([previous])
             return await self._relay_unary(target, "Write", request, request.shard, context)
         if not (request.puts or request.deletes or request.delete_ranges):
             return pb.WriteResponse()
-        self._check_sequence_state(target.reader(), request)
+        if plain is None:
+            self._check_sequence_state(target.reader(), request)
         if origin is None:  # merged with the shard's other concurrent writes
             result = await self._coalescer(target, request.shard).write(request)
         else:
             result = await self._replicate(
-                target, request.shard, self._build_batch([request], origin)
+                target, request.shard, self._build_batch([request], [plain], origin)
             )
         return _write_response(request, result)
 

@@ -9,6 +9,7 @@ never from their own clocks, so every replica computes identical records.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -63,6 +64,30 @@ SCHEMA = pa.schema(
 )
 
 
+#: Written explicitly: left unset, pyarrow reads two environment variables per writer,
+#: and the WAL's format must not depend on the environment anyway.
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions()
+
+
+#: Batches up to this many rows share their all-null columns (at most ~3 MB cached).
+_SHARED_NULLS_MAX_ROWS = 1024
+
+
+def _new_null_columns(rows: int) -> tuple[pa.Array, ...]:
+    return tuple(pa.nulls(rows, field.type) for field in SCHEMA)
+
+
+_shared_null_columns = functools.lru_cache(maxsize=64)(_new_null_columns)
+
+
+def _null_columns(rows: int) -> tuple[pa.Array, ...]:
+    """An all-null column of each SCHEMA field, `rows` long. Small batches, where making
+    them was a sixth of building a batch of puts, share them: Arrow arrays are immutable."""
+    if rows <= _SHARED_NULLS_MAX_ROWS:
+        return _shared_null_columns(rows)
+    return _new_null_columns(rows)
+
+
 class ClientSerial(NamedTuple):
     """Identifies one logical write of one client: retries carry the same pair."""
 
@@ -104,7 +129,7 @@ def encode_batch(batch: pa.RecordBatch) -> bytes:
     """IPC-stream bytes of `batch`, which must have SCHEMA and a timestamp."""
     _check(batch)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+    with pa.ipc.new_stream(sink, batch.schema, options=_IPC_OPTIONS) as writer:
         writer.write_batch(batch)
     return sink.getvalue().to_pybytes()
 
@@ -216,8 +241,8 @@ class WriteBatchBuilder:
         n = len(self._rows)
         columns = zip(*self._rows) if n else ([] for _ in SCHEMA)
         arrays = [
-            pa.nulls(n, field.type) if column.count(None) == n else pa.array(column, field.type)
-            for column, field in zip(columns, SCHEMA)
+            nulls if column.count(None) == n else pa.array(column, field.type)
+            for column, field, nulls in zip(columns, SCHEMA, _null_columns(n))
         ]
         return encode_batch(
             pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
@@ -236,7 +261,7 @@ def puts_batch(
         "key": keys.cast(pa.string()),
         "value": values.cast(pa.binary()),
     }
-    arrays = [columns.get(field.name, pa.nulls(n, field.type)) for field in SCHEMA]
+    arrays = [columns.get(field.name, nulls) for field, nulls in zip(SCHEMA, _null_columns(n))]
     return encode_batch(
         pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
     )
