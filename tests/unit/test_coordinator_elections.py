@@ -51,9 +51,9 @@ def _online_coordinator() -> tuple[Coordinator, str]:
     return coordinator, become.to
 
 
-def _report(coordinator: Coordinator, node: str, role: Role) -> None:
+def _report(coordinator: Coordinator, node: str, role: Role, head: LogPosition = HEAD) -> None:
     meta = coordinator.shard(SHARD)
-    coordinator.step(NodeStatus(node, (ShardStatus(SHARD, meta.term, role, HEAD, -1),)))
+    coordinator.step(NodeStatus(node, (ShardStatus(SHARD, meta.term, role, head, -1),)))
 
 
 def _report_followers(coordinator: Coordinator, leader: str) -> None:
@@ -111,11 +111,12 @@ def test_an_unreachable_leader_is_replaced_at_the_next_tick(
     ]
 
 
-def test_a_leader_reporting_itself_fenced_is_replaced(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_leader_that_restarted_in_its_term_is_replaced(caplog: pytest.LogCaptureFixture) -> None:
+    """It reports Fenced with its durable no-op entry of the term as head."""
     coordinator, leader = _online_coordinator()
     term = coordinator.shard(SHARD).term
     with caplog.at_level(logging.INFO, logger="quorumstore.protocol.coordinator"):
-        _report(coordinator, leader, Role.FENCED)  # e.g. restarted before its stream was missed
+        _report(coordinator, leader, Role.FENCED, LogPosition(term, 0, 7))
     assert coordinator.shard(SHARD).term == term + 1
     assert [r.getMessage() for r in caplog.records] == [
         f"shard default/0: election for term {term + 1}: leader {leader} reports FENCED in term {term}"
@@ -133,3 +134,24 @@ def test_the_first_election_of_a_new_cluster_is_logged_as_info(
             "shard default/0: election for term 0: no election under way for term -1 (state election)",
         )
     ]
+
+
+def test_a_report_made_before_the_leader_took_office_is_not_a_fault() -> None:
+    """Health reports and BecomeLeader answers use different gRPC calls: the leader's
+    report made just before it handled BecomeLeader (Fenced, its head of an older term)
+    can be read after its answer. It must not start another election."""
+    coordinator, leader = _online_coordinator()
+    term = coordinator.shard(SHARD).term
+    _report(coordinator, leader, Role.FENCED, HEAD)
+    assert (coordinator.shard(SHARD).term, coordinator.shard(SHARD).leader) == (term, leader)
+
+
+def test_a_leader_fenced_with_an_older_head_is_replaced_after_the_grace() -> None:
+    """Had it lost its no-op entry (no fsync and a machine crash), waiting would never end."""
+    coordinator, leader = _online_coordinator()
+    term = coordinator.shard(SHARD).term
+    for _ in range(CONFIG.node_failure_ticks + 1):
+        coordinator.tick()
+        _report_all(coordinator, leader)
+    _report(coordinator, leader, Role.FENCED, HEAD)
+    assert coordinator.shard(SHARD).term == term + 1

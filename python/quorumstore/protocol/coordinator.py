@@ -113,6 +113,8 @@ class _Election:
     ticks_since_majority: int = -1
     candidate: str | None = None
     ticks_since_become_leader: int = 0
+    #: The tick the candidate's BecomeLeaderResponse made the shard online; -1 before.
+    online_at: int = -1
 
 
 @dataclass(slots=True)
@@ -288,6 +290,7 @@ class Coordinator:
         if meta.state is ShardState.ONLINE:
             return
         meta = self._update(msg.shard, leader=msg.node, state=ShardState.ONLINE)
+        election.online_at = self._now
         self._assignments_changed = True
         for node, response in election.responses.items():
             if node != msg.node and response.term == meta.term and node not in self._follower_map_of(election):
@@ -322,6 +325,8 @@ class Coordinator:
                 self._on_member_status(key, meta, msg.node, status)
 
     def _on_leader_status(self, key: ShardKey, meta: ShardMetadata, status: ShardStatus | None) -> None:
+        if self._made_before_taking_office(key, status, meta.term):
+            return
         if status is None or status.role is not Role.LEADER or status.term != meta.term:
             seen = "no replica" if status is None else f"{status.role.name} in term {status.term}"
             self.start_election(key, f"leader {meta.leader} reports {seen}")
@@ -334,6 +339,26 @@ class Coordinator:
         else:
             # Kept in memory between saves: a stale value on disk only makes elections stricter.
             self._meta[key] = replace(meta, known_commit_offset=commit)
+
+    def _made_before_taking_office(self, key: ShardKey, status: ShardStatus | None, term: int) -> bool:
+        """Whether a new leader's report was made before it handled BecomeLeader.
+
+        Health reports and BecomeLeader answers travel on different gRPC calls and can be
+        read out of order. The answer is sent once the leader's no-op entry of `term` is
+        durable, so a Fenced report of `term` whose head is older was made before it. A
+        leader that restarts reports Fenced with that entry (and is replaced); should it
+        have lost the entry (WAL without fsync, machine crash), the grace ends after
+        `node_failure_ticks`.
+        """
+        election = self._elections.get(key)
+        return (
+            election is not None
+            and self._now - election.online_at <= self.config.node_failure_ticks
+            and status is not None
+            and status.role is Role.FENCED
+            and status.term == term
+            and status.head.term < term
+        )
 
     def _on_member_status(self, key: ShardKey, meta: ShardMetadata, node: str, status: ShardStatus | None) -> None:
         if self._now < self._retry_at.get((key, node), 0):
