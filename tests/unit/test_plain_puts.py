@@ -1,13 +1,30 @@
-"""`plain_puts` tells plain puts apart by encoded size: checked against asking each put."""
+"""`plain_puts` tells plain puts apart by encoded size: checked against asking each put.
+
+Every test runs on both of its paths: numpy's arithmetic over the Arrow offsets (large
+requests) and the key-and-value copy measured by protobuf (small ones).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quorumstore.node import plain_puts as plain_puts_module
 from quorumstore.node.plain_puts import plain_puts
 from quorumstore.proto import oxia_client_pb2 as pb
+
+
+@pytest.fixture(autouse=True, params=["arrow offsets", "protobuf copy"])
+def path(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Sends every request, whatever its size, down one of the two paths."""
+    small = 0 if request.param == "arrow offsets" else 1 << 30
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plain_puts_module, "SMALL_REQUEST_PUTS", small)
+        yield
+
 
 _KEY_AND_VALUE = {pb.PutRequest.KEY_FIELD_NUMBER, pb.PutRequest.VALUE_FIELD_NUMBER}
 
@@ -49,7 +66,9 @@ def _plain_by_fields(request: pb.WriteRequest) -> bool:
     )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     puts=st.lists(st.one_of(_puts(), _PLAIN_PUTS), max_size=6),
     shard=st.one_of(st.none(), st.sampled_from([0, 5, 1 << 33, -1])),

@@ -14,6 +14,15 @@ def _put(*keys: str) -> pb.WriteRequest:
     return pb.WriteRequest(shard=0, puts=[pb.PutRequest(key=k, value=b"v") for k in keys])
 
 
+def _prepared(request: pb.WriteRequest) -> str:
+    """Stands for what the leader prepares when it checks a write (its plain puts)."""
+    return "+".join(p.key for p in request.puts)
+
+
+def _write(coalescer: WriteCoalescer[str], request: pb.WriteRequest) -> asyncio.Future[EntryResult]:
+    return asyncio.ensure_future(coalescer.write(request, _prepared(request)))
+
+
 class Replicator:
     """Records each entry (its requests' keys) and completes it when told to."""
 
@@ -21,7 +30,11 @@ class Replicator:
         self.entries: list[list[list[str]]] = []
         self._done: list[asyncio.Event] = []
 
-    async def __call__(self, requests: Sequence[pb.WriteRequest]) -> EntryResult:
+    async def __call__(
+        self, requests: Sequence[pb.WriteRequest], prepared: Sequence[str]
+    ) -> EntryResult:
+        # What each write was prepared with comes back beside it, in the same order.
+        assert list(prepared) == [_prepared(r) for r in requests]
         self.entries.append([[p.key for p in r.puts] for r in requests])
         done = asyncio.Event()
         self._done.append(done)
@@ -42,11 +55,11 @@ def test_a_lone_write_goes_at_once_and_later_ones_share_the_next_entry() -> None
     async def scenario() -> None:
         replicate = Replicator()
         coalescer = WriteCoalescer(replicate, max_inflight=2, max_ops=100)
-        first = asyncio.ensure_future(coalescer.write(_put("a")))
+        first = _write(coalescer, _put("a"))
         await _turns()
         assert replicate.entries == [[["a"]]]
         # A partial entry is in flight: these wait for it, then go as one entry.
-        rest = [asyncio.ensure_future(coalescer.write(_put(k))) for k in "bcd"]
+        rest = [_write(coalescer, _put(k)) for k in "bcd"]
         await _turns()
         assert len(replicate.entries) == 1
         replicate.complete(0)
@@ -65,10 +78,10 @@ def test_full_entries_overlap_the_partial_one_up_to_max_inflight() -> None:
     async def scenario() -> None:
         replicate = Replicator()
         coalescer = WriteCoalescer(replicate, max_inflight=2, max_ops=4)
-        writes = [asyncio.ensure_future(coalescer.write(_put("p")))]
+        writes = [_write(coalescer, _put("p"))]
         await _turns()
         assert len(replicate.entries) == 1  # partial, in flight
-        writes += [asyncio.ensure_future(coalescer.write(_put(f"k{i}", f"l{i}"))) for i in range(5)]
+        writes += [_write(coalescer, _put(f"k{i}", f"l{i}")) for i in range(5)]
         await _turns()
         # 4 ops fill an entry: one full entry joins the partial one; the rest waits.
         assert replicate.entries[1] == [["k0", "l0"], ["k1", "l1"]]
@@ -91,7 +104,7 @@ def test_writes_naming_a_key_already_in_the_entry_go_in_a_later_one_in_order() -
     async def scenario() -> None:
         replicate = Replicator()
         coalescer = WriteCoalescer(replicate, max_inflight=2, max_ops=100)
-        writes = [asyncio.ensure_future(coalescer.write(_put(k))) for k in ("x", "y", "x", "z")]
+        writes = [_write(coalescer, _put(k)) for k in ("x", "y", "x", "z")]
         await _turns()
         assert replicate.entries == [[["x"], ["y"]]]  # cut before the second "x": not full
         replicate.complete(0)

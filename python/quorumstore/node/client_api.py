@@ -452,9 +452,9 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self._index: dict[int, tuple[str, str]] = {}
         self._sessions = SessionKeeper(session_clock_ms)
         self._relays = Relays()
-        self._coalescers: weakref.WeakKeyDictionary[ShardHostApi, WriteCoalescer] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._coalescers: weakref.WeakKeyDictionary[
+            ShardHostApi, WriteCoalescer[PlainPuts | None]
+        ] = weakref.WeakKeyDictionary()
         self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
 
     async def close(self) -> None:
@@ -728,12 +728,13 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         for delete_range in request.delete_ranges:
             batch.add_delete_range(delete_range.start_inclusive, delete_range.end_exclusive)
 
-    def _coalescer(self, host: ShardHostApi, shard: int) -> WriteCoalescer:
+    def _coalescer(self, host: ShardHostApi, shard: int) -> WriteCoalescer[PlainPuts | None]:
         coalescer = self._coalescers.get(host)
         if coalescer is None:
 
-            async def replicate(requests: Sequence[pb.WriteRequest]) -> EntryResult:
-                plains = [plain_puts(request) for request in requests]
+            async def replicate(
+                requests: Sequence[pb.WriteRequest], plains: Sequence[PlainPuts | None]
+            ) -> EntryResult:
                 return await self._replicate(host, shard, self._build_batch(requests, plains, None))
 
             coalescer = self._coalescers[host] = WriteCoalescer(replicate)
@@ -767,7 +768,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         if plain is None:
             self._check_sequence_state(target.reader(), request)
         if origin is None:  # merged with the shard's other concurrent writes
-            result = await self._coalescer(target, request.shard).write(request)
+            result = await self._coalescer(target, request.shard).write(request, plain)
         else:
             result = await self._replicate(
                 target, request.shard, self._build_batch([request], [plain], origin)

@@ -9,8 +9,11 @@ The test here is by size instead. Every field a put sets beyond its key and valu
 adds at least two bytes to its encoding (a tag and a payload byte), as does any
 unknown field. So a request with no deletes and no range deletes holds plain puts
 exactly when its encoded size, which protobuf computes in C, equals the size its keys
-and values alone would encode to; that size comes from the Arrow arrays' offsets,
-in numpy, with no Python loop over the puts.
+and values alone encode to. For a large request that size comes from the Arrow
+arrays' offsets, in numpy, with no Python loop over the puts. A small one (most
+requests of Oxia's own clients hold one put) is measured by building its key-and-value
+copy and asking protobuf: numpy's fixed cost per call made the arithmetic ~75 µs for a
+one-put request, the copy ~20 µs; they cost the same at about 50 puts.
 """
 
 from __future__ import annotations
@@ -58,11 +61,17 @@ def _field_bytes(lengths: np.ndarray) -> np.ndarray:
     return (lengths > 0) * (_TAG_BYTES + _varint_bytes(lengths) + lengths)
 
 
+#: Requests with at most this many puts are measured by their key-and-value copy.
+SMALL_REQUEST_PUTS = 32
+
+
 def plain_puts(request: pb.WriteRequest) -> PlainPuts | None:
     """The request's plain puts, or None if it holds anything else (see the module doc)."""
     if request.deletes or request.delete_ranges:
         return None
     puts = request.puts
+    if len(puts) <= SMALL_REQUEST_PUTS:
+        return _small_plain_puts(request)
     keys = pa.array([put.key for put in puts], pa.string())
     values = pa.array([put.value for put in puts], pa.binary())
     key_bytes, value_bytes = _lengths(keys), _lengths(values)
@@ -76,4 +85,24 @@ def plain_puts(request: pb.WriteRequest) -> PlainPuts | None:
         return PlainPuts(keys, values, 0, 0, 0)
     return PlainPuts(
         keys, values, int(key_bytes.min()), int(key_bytes.max()), int(value_bytes.max())
+    )
+
+
+def _small_plain_puts(request: pb.WriteRequest) -> PlainPuts | None:
+    keys = [put.key for put in request.puts]
+    values = [put.value for put in request.puts]
+    copy = pb.WriteRequest(puts=[pb.PutRequest(key=k, value=v) for k, v in zip(keys, values)])
+    if request.HasField("shard"):
+        copy.shard = request.shard
+    if request.ByteSize() != copy.ByteSize():
+        return None
+    if not keys:
+        return PlainPuts(pa.array(keys, pa.string()), pa.array(values, pa.binary()), 0, 0, 0)
+    key_bytes = [len(key.encode()) for key in keys]
+    return PlainPuts(
+        pa.array(keys, pa.string()),
+        pa.array(values, pa.binary()),
+        min(key_bytes),
+        max(key_bytes),
+        max(map(len, values)),
     )

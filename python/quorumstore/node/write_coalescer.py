@@ -27,7 +27,7 @@ import asyncio
 import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.storage.state_machine import EntryResult
@@ -39,8 +39,12 @@ MAX_OPS = 4096
 MAX_BYTES = 4 << 20
 
 
-class _Queued(NamedTuple):
+T = TypeVar("T")
+
+
+class _Queued(NamedTuple, Generic[T]):
     request: pb.WriteRequest
+    prepared: T
     ops: int
     size: int
     #: The keys its puts and deletes name; None when it has delete ranges (goes alone).
@@ -58,12 +62,17 @@ def _named_keys(request: pb.WriteRequest) -> frozenset[str] | None:
     return frozenset([put.key for put in request.puts] + [d.key for d in request.deletes])
 
 
-class WriteCoalescer:
-    """The merged writes of one shard replica (while it leads)."""
+class WriteCoalescer(Generic[T]):
+    """The merged writes of one shard replica (while it leads).
+
+    `T` is what the caller prepared for each request when it checked it (the leader:
+    its plain puts); `replicate` gets it back beside the requests, so that nothing is
+    computed twice.
+    """
 
     def __init__(
         self,
-        replicate: Callable[[Sequence[pb.WriteRequest]], Awaitable[EntryResult]],
+        replicate: Callable[[Sequence[pb.WriteRequest], Sequence[T]], Awaitable[EntryResult]],
         *,
         max_inflight: int = MAX_INFLIGHT,
         max_ops: int = MAX_OPS,
@@ -73,7 +82,7 @@ class WriteCoalescer:
         self._max_inflight = max_inflight
         self._max_ops = max_ops
         self._max_bytes = max_bytes
-        self._queue: deque[_Queued] = deque()
+        self._queue: deque[_Queued[T]] = deque()
         self._queued_ops = 0
         self._queued_bytes = 0
         self._inflight = 0
@@ -81,11 +90,16 @@ class WriteCoalescer:
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def write(self, request: pb.WriteRequest) -> EntryResult:
+    async def write(self, request: pb.WriteRequest, prepared: T) -> EntryResult:
         """Replicates `request` (in a merged entry); its own results, in batch order."""
         future: asyncio.Future[EntryResult] = asyncio.get_running_loop().create_future()
         queued = _Queued(
-            request, operation_count(request), request.ByteSize(), _named_keys(request), future
+            request,
+            prepared,
+            operation_count(request),
+            request.ByteSize(),
+            _named_keys(request),
+            future,
         )
         self._queue.append(queued)
         self._queued_ops += queued.ops
@@ -140,9 +154,11 @@ class WriteCoalescer:
             keys = keys | head.keys
         return count, ops >= self._max_ops or size >= self._max_bytes
 
-    async def _send(self, group: list[_Queued], *, partial: bool) -> None:
+    async def _send(self, group: list[_Queued[T]], *, partial: bool) -> None:
         try:
-            result = await self._replicate([queued.request for queued in group])
+            result = await self._replicate(
+                [queued.request for queued in group], [queued.prepared for queued in group]
+            )
         except asyncio.CancelledError:  # the node is stopping
             for queued in group:
                 queued.future.cancel()
