@@ -96,13 +96,11 @@ def _small_plain_puts(request: pb.WriteRequest) -> PlainPuts | None:
         copy.shard = request.shard
     if request.ByteSize() != copy.ByteSize():
         return None
-    if not keys:
-        return PlainPuts(pa.array(keys, pa.string()), pa.array(values, pa.binary()), 0, 0, 0)
     key_bytes = [len(key.encode()) for key in keys]
     return PlainPuts(
         pa.array(keys, pa.string()),
         pa.array(values, pa.binary()),
-        min(key_bytes),
-        max(key_bytes),
-        max(map(len, values)),
+        min(key_bytes, default=0),
+        max(key_bytes, default=0),
+        max(map(len, values), default=0),
     )

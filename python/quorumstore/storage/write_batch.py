@@ -72,20 +72,15 @@ _IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 #: Batches up to this many rows share their all-null columns (at most ~3 MB cached).
 _SHARED_NULLS_MAX_ROWS = 1024
 
-
-def _new_null_columns(rows: int) -> tuple[pa.Array, ...]:
-    return tuple(pa.nulls(rows, field.type) for field in SCHEMA)
+_shared_null_column = functools.lru_cache(maxsize=64 * len(SCHEMA))(pa.nulls)
 
 
-_shared_null_columns = functools.lru_cache(maxsize=64)(_new_null_columns)
-
-
-def _null_columns(rows: int) -> tuple[pa.Array, ...]:
-    """An all-null column of each SCHEMA field, `rows` long. Small batches, where making
-    them was a sixth of building a batch of puts, share them: Arrow arrays are immutable."""
+def _null_column(rows: int, type: pa.DataType) -> pa.Array:
+    """An all-null column, `rows` long. Small batches, where making them was a sixth of
+    building a batch of puts, share them: Arrow arrays are immutable."""
     if rows <= _SHARED_NULLS_MAX_ROWS:
-        return _shared_null_columns(rows)
-    return _new_null_columns(rows)
+        return _shared_null_column(rows, type)
+    return pa.nulls(rows, type)
 
 
 class ClientSerial(NamedTuple):
@@ -241,8 +236,8 @@ class WriteBatchBuilder:
         n = len(self._rows)
         columns = zip(*self._rows) if n else ([] for _ in SCHEMA)
         arrays = [
-            nulls if column.count(None) == n else pa.array(column, field.type)
-            for column, field, nulls in zip(columns, SCHEMA, _null_columns(n))
+            _null_column(n, field.type) if column.count(None) == n else pa.array(column, field.type)
+            for column, field in zip(columns, SCHEMA)
         ]
         return encode_batch(
             pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
@@ -261,7 +256,10 @@ def puts_batch(
         "key": keys.cast(pa.string()),
         "value": values.cast(pa.binary()),
     }
-    arrays = [columns.get(field.name, nulls) for field, nulls in zip(SCHEMA, _null_columns(n))]
+    arrays = [
+        columns[field.name] if field.name in columns else _null_column(n, field.type)
+        for field in SCHEMA
+    ]
     return encode_batch(
         pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
     )
