@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, cast
 import grpc
 
 from quorumstore import event_loops
+from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 
 if TYPE_CHECKING:
     from quorumstore.node.shard_host import WalRetention
 
 DEFAULT_CLIENT_PORT = 6648
+
+log = logging.getLogger(__name__)
 
 
 class CliError(Exception):
@@ -138,6 +141,29 @@ def _add_wal_flags(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ commands
 
 
+def _adopt_standalone_shards(metadata_url: str, address: str) -> None:
+    """A standalone server's node is its data directory, not its port: restarted on
+    another port (`--port 0` picks a new one each time), it takes over the shards that
+    the directory's metadata placed on the old address."""
+    from quorumstore.protocol.coordinator import placed_nodes, replace_node
+
+    store = MetadataStore(metadata_url)
+    metadata = store.load()
+    if metadata is None:
+        return
+    placed = placed_nodes(metadata)
+    if placed == {address}:
+        return
+    if len(placed) != 1:
+        raise CliError(
+            f"{metadata_url} describes a cluster of {len(placed)} nodes ({', '.join(sorted(placed))}), "
+            "not a standalone server; run it with `quorumstore cluster` or give standalone another --data-dir"
+        )
+    (old,) = placed
+    store.save(replace_node(metadata, old, address))
+    log.info("standalone data from %s now served at %s", old, address)
+
+
 async def _run_standalone(args: argparse.Namespace) -> None:
     from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
     from quorumstore.node.node import Node, NodeConfig
@@ -145,24 +171,28 @@ async def _run_standalone(args: argparse.Namespace) -> None:
     data_dir = Path(args.data_dir).resolve()
     node = Node(NodeConfig(data_dir / "node", host=args.host, port=args.port, wal_sync=not args.no_fsync, wal_retention=_retention(args)))
     address = await node.start()
-    coordinator = CoordinatorServer(
-        CoordinatorServerConfig(
-            nodes=[address],
-            metadata_url=str(data_dir / "coordinator" / "metadata.pb"),
-            namespaces={"default": args.shards},
-            replication_factor=1,
-            admin_host=args.host,
-            admin_port=args.admin_port,
-        )
-    )
-    await coordinator.start()
+    coordinator: CoordinatorServer | None = None
     try:
+        metadata_url = str(data_dir / "coordinator" / "metadata.pb")
+        await asyncio.get_running_loop().run_in_executor(None, _adopt_standalone_shards, metadata_url, address)
+        coordinator = CoordinatorServer(
+            CoordinatorServerConfig(
+                nodes=[address],
+                metadata_url=metadata_url,
+                namespaces={"default": args.shards},
+                replication_factor=1,
+                admin_host=args.host,
+                admin_port=args.admin_port,
+            )
+        )
+        await coordinator.start()
         await _wait_until_online(coordinator, 30)
         print(f"quorumstore standalone listening on {address}", flush=True)
         print(f"  shards: {args.shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}", flush=True)
         await _wait_for_signal()
     finally:
-        await coordinator.stop()
+        if coordinator is not None:
+            await coordinator.stop()
         await node.stop()
 
 
@@ -395,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             _run_cluster(args)
         elif args.command == "status":
             _run_status(args)
-    except CliError as e:
+    except (CliError, MetadataError) as e:
         print(f"quorumstore: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

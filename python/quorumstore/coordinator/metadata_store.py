@@ -19,6 +19,10 @@ from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata
 
 
+class MetadataError(ValueError):
+    """The saved metadata cannot be used: unreadable, or for other nodes than configured."""
+
+
 class MetadataStore:
     def __init__(self, url: str):
         self.url = url
@@ -34,7 +38,7 @@ class MetadataStore:
         try:
             record.ParseFromString(data)
         except Exception as e:
-            raise ValueError(
+            raise MetadataError(
                 f"coordinator metadata at {self.url} is unreadable ({e}); restore it from a backup "
                 "or point the coordinator at a new location to start a new cluster"
             ) from e

@@ -18,11 +18,16 @@ from typing import Any
 import grpc
 
 from quorumstore import wire
-from quorumstore.coordinator.metadata_store import MetadataStore
+from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.node.transport import GRPC_OPTIONS
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
-from quorumstore.protocol.coordinator import Coordinator, CoordinatorConfig, initial_metadata
+from quorumstore.protocol.coordinator import (
+    Coordinator,
+    CoordinatorConfig,
+    initial_metadata,
+    placed_nodes,
+)
 from quorumstore.protocol.messages import (
     AddFollower,
     BecomeLeader,
@@ -115,6 +120,14 @@ class CoordinatorServer:
             await loop.run_in_executor(None, self.store.save, metadata)
             log.info("new cluster: %d shards over %s", len(metadata.shards), ", ".join(self.config.nodes))
         else:
+            missing = sorted(placed_nodes(metadata) - set(self.config.nodes))
+            if missing:
+                raise MetadataError(
+                    f"coordinator metadata at {self.config.metadata_url} places shards on {', '.join(missing)}, "
+                    f"which {'is' if len(missing) == 1 else 'are'} not among the configured nodes "
+                    f"({', '.join(self.config.nodes)}); quorumstore does not move shards between nodes, so start "
+                    "the nodes at the addresses they had, or use a new metadata location for a new cluster"
+                )
             log.info("resuming cluster metadata version %d from %s", metadata.version, self.config.metadata_url)
         config = CoordinatorConfig(replication_factor=self.config.replication_factor, max_lag=self.config.max_lag)
         self.engine = Coordinator(self.config.nodes, metadata, config)

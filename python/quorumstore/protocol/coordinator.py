@@ -106,6 +106,29 @@ def initial_metadata(
     return ClusterMetadata(0, shards)
 
 
+def placed_nodes(metadata: ClusterMetadata) -> set[str]:
+    """Every node some shard's ensemble names."""
+    return {node for shard in metadata.shards.values() for node in shard.ensemble}
+
+
+def replace_node(metadata: ClusterMetadata, old: str, new: str) -> ClusterMetadata:
+    """`metadata` with node `old` called `new`: the same replicas, reached at another address."""
+
+    def rename(node: str) -> str:
+        return new if node == old else node
+
+    shards = {
+        key: replace(
+            shard,
+            ensemble=tuple(map(rename, shard.ensemble)),
+            leader=None if shard.leader is None else rename(shard.leader),
+            eligible=frozenset(map(rename, shard.eligible)),
+        )
+        for key, shard in metadata.shards.items()
+    }
+    return ClusterMetadata(metadata.version + 1, shards)
+
+
 @dataclass(slots=True)
 class _Election:
     term: int

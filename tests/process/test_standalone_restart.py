@@ -1,0 +1,53 @@
+"""`quorumstore standalone` restarted on its data directory, on another port.
+
+A standalone server's identity is its data directory: `--port 0` picks a new port on
+every start, and the shards must follow. Before this was handled, the coordinator
+kept electing the old address and no shard ever got a leader again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quorumstore import Client
+from quorumstore.coordinator.metadata_store import MetadataStore
+from quorumstore.protocol.coordinator import initial_metadata
+from quorumstore.testing import standalone_server
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
+
+
+def test_restart_on_a_new_port_serves_the_data_written_before(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with standalone_server(data, 2) as first, Client(first) as client:
+        versions = {
+            f"/restart/{i}": client.put(f"/restart/{i}", f"v{i}".encode()).version_id
+            for i in range(20)
+        }
+    with standalone_server(data, 2) as second:
+        assert second != first
+        with Client(second) as client:
+            for key, version in versions.items():
+                record = client.get(key)
+                assert (record.value, record.version.version_id) == (
+                    f"v{key.rsplit('/', 1)[1]}".encode(),
+                    version,
+                )
+            client.put("/restart/after", b"new")
+            assert client.get("/restart/after").value == b"new"
+
+
+def test_data_directory_of_a_cluster_is_refused_in_one_line(tmp_path: Path) -> None:
+    metadata = initial_metadata(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], {"default": 2}, 3)
+    MetadataStore(str(tmp_path / "coordinator" / "metadata.pb")).save(metadata)
+    result = subprocess.run(
+        [sys.executable, "-m", "quorumstore.cli", "standalone", "--port", "0", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "describes a cluster of 3 nodes" in result.stderr
+    assert "Traceback" not in result.stderr
