@@ -17,8 +17,8 @@ One run, one Spark session (local[2]), side by side:
 
 Printed: rows/s of each source per measurement and the quorumstore/Parquet ratio
 (the goal is >= 0.5 on "read + count"). A third source, the *Python data source floor*,
-yields the same number of rows in quorumstore's schema from batches built once in each
-task, with no store behind it: what Spark's Python Data Source API alone costs for
+yields the same number of rows in quorumstore's schema, in batches of the size
+quorumstore's reader yields, built once in each task, with no store behind it: what Spark's Python Data Source API alone costs for
 these rows, i.e. the best any Python data source could do here.
 
 Usage: python bench/dataframe_read_bench.py [--rows N] [--repeats R] [--address HOST:PORT]
@@ -46,8 +46,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from quorumstore.data_client import DataClient
-from quorumstore.node.data_api import DEFAULT_SCAN_BATCH_ROWS
-from quorumstore.spark.datasource_read import RowShaper, output_schema
+from quorumstore.spark.datasource_read import SPARK_BATCH_ROWS, RowShaper, output_schema
 from quorumstore.spark.datasource_values import ValueCodec
 from quorumstore.storage.state_machine import SCAN_SCHEMA
 from quorumstore.storage.write_batch import ClientSerial
@@ -99,7 +98,7 @@ class _FloorReader(DataSourceReader):
         return [InputPartition(i) for i in range(SHARDS)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        n = DEFAULT_SCAN_BATCH_ROWS
+        n = SPARK_BATCH_ROWS
         stored = pa.record_batch(
             {
                 "key": pa.array([f"bench/{i:07d}" for i in range(n)], pa.string()),
