@@ -127,7 +127,10 @@ def run_phase(args: argparse.Namespace) -> dict:
             if pool.getType() == heap_type and pool.getCollectionUsage() is not None
         )
         status = Path(f"/proc/{jvm_pid}/status").read_text()
-        rss = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+        rss = (
+            int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            * 1024
+        )
         return live, rss
 
     inputs = work / "in"

@@ -28,16 +28,26 @@ from quorumstore.spark.state_store import spark_confs
 
 NODES = 3
 EVENTS = [
-    [{"user": "ada", "page": "/home"}, {"user": "bob", "page": "/home"}, {"user": "ada", "page": "/docs"}],
+    [
+        {"user": "ada", "page": "/home"},
+        {"user": "bob", "page": "/home"},
+        {"user": "ada", "page": "/docs"},
+    ],
     [{"user": "cy", "page": "/home"}, {"user": "ada", "page": "/blog"}],
-    [{"user": "bob", "page": "/docs"}, {"user": "bob", "page": "/blog"}, {"user": "dee", "page": "/home"}],
+    [
+        {"user": "bob", "page": "/docs"},
+        {"user": "bob", "page": "/blog"},
+        {"user": "dee", "page": "/home"},
+    ],
 ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-port", type=int, default=6648, help="node i listens on base+i")
-    parser.add_argument("--work-dir", help="data, checkpoints and input (default: a new temporary directory)")
+    parser.add_argument(
+        "--work-dir", help="data, checkpoints and input (default: a new temporary directory)"
+    )
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="quorumstore-main-job-")).resolve()
     addresses = [f"127.0.0.1:{args.base_port + i}" for i in range(NODES)]
@@ -55,9 +65,16 @@ def main() -> int:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
-    print(f"starting a {NODES}-node quorumstore cluster in this Spark application (data in {work}) ...")
+    print(
+        f"starting a {NODES}-node quorumstore cluster in this Spark application (data in {work}) ..."
+    )
     with quorumstore.spark.start(
-        spark, nodes=NODES, shards=4, replication_factor=3, data_dir=work / "data", base_port=args.base_port
+        spark,
+        nodes=NODES,
+        shards=4,
+        replication_factor=3,
+        data_dir=work / "data",
+        base_port=args.base_port,
     ) as cluster:
         print(cluster.status())
         register(spark, address=cluster.addresses)
@@ -75,6 +92,7 @@ def main() -> int:
             .agg(F.count("*").alias("events"), F.collect_set("page").alias("pages"))
             .select(F.concat(F.lit("/clicks/"), F.col("user")).alias("key"), "events", "pages")
         )
+
         def upsert(batch, batch_id: int) -> None:
             # Each micro-batch's updated counts overwrite their keys in quorumstore.
             batch.write.format("quorumstore").mode("append").option("valueFormat", "json").save()
@@ -87,7 +105,9 @@ def main() -> int:
             .start()
         )
         query.awaitTermination()
-        print(f"streaming query finished: {len(query.recentProgress)} micro-batches, state kept in quorumstore")
+        print(
+            f"streaming query finished: {len(query.recentProgress)} micro-batches, state kept in quorumstore"
+        )
 
         committed = (
             spark.read.format("quorumstore")
@@ -97,7 +117,9 @@ def main() -> int:
             .load()
         )
         print("committed state, read back as a DataFrame:")
-        committed.select("key", "events", "pages", "version_id", "shard").orderBy("key").show(truncate=False)
+        committed.select("key", "events", "pages", "version_id", "shard").orderBy("key").show(
+            truncate=False
+        )
     spark.stop()
     return 0
 

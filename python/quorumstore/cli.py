@@ -120,9 +120,12 @@ def _retention(args: argparse.Namespace) -> WalRetention:
 def _wal_flags(args: argparse.Namespace) -> list[str]:
     """The WAL flags of `cluster`, passed on to its node processes."""
     return [
-        "--wal-keep-entries", str(args.wal_keep_entries),
-        "--wal-trim-interval", str(args.wal_trim_interval),
-        "--wal-segment-bytes", str(args.wal_segment_bytes),
+        "--wal-keep-entries",
+        str(args.wal_keep_entries),
+        "--wal-trim-interval",
+        str(args.wal_trim_interval),
+        "--wal-segment-bytes",
+        str(args.wal_segment_bytes),
     ]
 
 
@@ -130,12 +133,24 @@ def _add_wal_flags(p: argparse.ArgumentParser) -> None:
     from quorumstore.node.shard_host import WalRetention
 
     defaults = WalRetention()
-    p.add_argument("--wal-keep-entries", type=_non_negative, default=defaults.keep_entries,
-                   help=f"WAL entries kept below the applied offset for lagging followers (default {defaults.keep_entries})")
-    p.add_argument("--wal-trim-interval", type=_positive_float, default=defaults.check_interval_s,
-                   help=f"seconds between WAL trims (default {defaults.check_interval_s:g})")
-    p.add_argument("--wal-segment-bytes", type=_positive, default=defaults.segment_bytes,
-                   help=f"WAL segment size, the unit of trimming (default {defaults.segment_bytes})")
+    p.add_argument(
+        "--wal-keep-entries",
+        type=_non_negative,
+        default=defaults.keep_entries,
+        help=f"WAL entries kept below the applied offset for lagging followers (default {defaults.keep_entries})",
+    )
+    p.add_argument(
+        "--wal-trim-interval",
+        type=_positive_float,
+        default=defaults.check_interval_s,
+        help=f"seconds between WAL trims (default {defaults.check_interval_s:g})",
+    )
+    p.add_argument(
+        "--wal-segment-bytes",
+        type=_positive,
+        default=defaults.segment_bytes,
+        help=f"WAL segment size, the unit of trimming (default {defaults.segment_bytes})",
+    )
 
 
 # ------------------------------------------------------------------ commands
@@ -169,12 +184,22 @@ async def _run_standalone(args: argparse.Namespace) -> None:
     from quorumstore.node.node import Node, NodeConfig
 
     data_dir = Path(args.data_dir).resolve()
-    node = Node(NodeConfig(data_dir / "node", host=args.host, port=args.port, wal_sync=not args.no_fsync, wal_retention=_retention(args)))
+    node = Node(
+        NodeConfig(
+            data_dir / "node",
+            host=args.host,
+            port=args.port,
+            wal_sync=not args.no_fsync,
+            wal_retention=_retention(args),
+        )
+    )
     address = await node.start()
     coordinator: CoordinatorServer | None = None
     try:
         metadata_url = str(data_dir / "coordinator" / "metadata.pb")
-        await asyncio.get_running_loop().run_in_executor(None, _adopt_standalone_shards, metadata_url, address)
+        await asyncio.get_running_loop().run_in_executor(
+            None, _adopt_standalone_shards, metadata_url, address
+        )
         coordinator = CoordinatorServer(
             CoordinatorServerConfig(
                 nodes=[address],
@@ -188,7 +213,10 @@ async def _run_standalone(args: argparse.Namespace) -> None:
         await coordinator.start()
         await _wait_until_online(coordinator, 30)
         print(f"quorumstore standalone listening on {address}", flush=True)
-        print(f"  shards: {args.shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}", flush=True)
+        print(
+            f"  shards: {args.shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}",
+            flush=True,
+        )
         await _wait_for_signal()
     finally:
         if coordinator is not None:
@@ -199,7 +227,15 @@ async def _run_standalone(args: argparse.Namespace) -> None:
 async def _run_node(args: argparse.Namespace) -> None:
     from quorumstore.node.node import Node, NodeConfig
 
-    node = Node(NodeConfig(Path(args.data_dir).resolve(), host=args.host, port=args.port, wal_sync=not args.no_fsync, wal_retention=_retention(args)))
+    node = Node(
+        NodeConfig(
+            Path(args.data_dir).resolve(),
+            host=args.host,
+            port=args.port,
+            wal_sync=not args.no_fsync,
+            wal_retention=_retention(args),
+        )
+    )
     address = await node.start()
     print(f"quorumstore node listening on {address}", flush=True)
     try:
@@ -212,7 +248,9 @@ async def _run_coordinator(args: argparse.Namespace) -> None:
     from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 
     if args.replication_factor > len(args.nodes):
-        raise CliError(f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {len(args.nodes)}")
+        raise CliError(
+            f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {len(args.nodes)}"
+        )
     coordinator = CoordinatorServer(
         CoordinatorServerConfig(
             nodes=args.nodes,
@@ -244,7 +282,9 @@ def _spawn(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
 
 def _run_cluster(args: argparse.Namespace) -> None:
     if args.replication_factor > args.nodes:
-        raise CliError(f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {args.nodes}")
+        raise CliError(
+            f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {args.nodes}"
+        )
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     nodes = [f"{args.host}:{args.base_port + i}" for i in range(args.nodes)]
@@ -255,17 +295,45 @@ def _run_cluster(args: argparse.Namespace) -> None:
     try:
         for i in range(args.nodes):
             children.append(
-                _spawn(["node", "--host", args.host, "--port", str(args.base_port + i), "--data-dir", str(data_dir / f"node{i}"), *fsync], data_dir / f"node{i}.log")
+                _spawn(
+                    [
+                        "node",
+                        "--host",
+                        args.host,
+                        "--port",
+                        str(args.base_port + i),
+                        "--data-dir",
+                        str(data_dir / f"node{i}"),
+                        *fsync,
+                    ],
+                    data_dir / f"node{i}.log",
+                )
             )
         children.append(
             _spawn(
-                ["coordinator", "--nodes", ",".join(nodes), "--shards", str(args.shards), "--replication-factor", str(args.replication_factor),
-                 "--metadata", str(data_dir / "coordinator" / "metadata.pb"), "--host", args.host, "--admin-port", str(args.base_port + args.nodes)],
+                [
+                    "coordinator",
+                    "--nodes",
+                    ",".join(nodes),
+                    "--shards",
+                    str(args.shards),
+                    "--replication-factor",
+                    str(args.replication_factor),
+                    "--metadata",
+                    str(data_dir / "coordinator" / "metadata.pb"),
+                    "--host",
+                    args.host,
+                    "--admin-port",
+                    str(args.base_port + args.nodes),
+                ],
                 data_dir / "coordinator.log",
             )
         )
         status = _wait_for_cluster(admin, children, timeout_s=60)
-        print(f"quorumstore cluster: {args.nodes} nodes, {args.shards} shards, replication factor {args.replication_factor}", flush=True)
+        print(
+            f"quorumstore cluster: {args.nodes} nodes, {args.shards} shards, replication factor {args.replication_factor}",
+            flush=True,
+        )
         print(f"client address: {nodes[0]}   (all nodes: {', '.join(nodes)})", flush=True)
         print(f"coordinator:    {admin}   (quorumstore status --coordinator {admin})", flush=True)
         print(f"data and logs:  {data_dir}", flush=True)
@@ -286,14 +354,18 @@ def _run_cluster(args: argparse.Namespace) -> None:
         print("cluster stopped", flush=True)
 
 
-def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeout_s: float) -> object:
+def _wait_for_cluster(
+    admin: str, children: list[subprocess.Popen[bytes]], timeout_s: float
+) -> object:
     deadline = time.monotonic() + timeout_s
     last_error = ""
     while time.monotonic() < deadline:
         for child in children:
             if child.poll() is not None:
                 argv = cast(list[str], child.args)  # _spawn passes a list
-                raise CliError(f"a cluster process exited early ({' '.join(argv[3:])}); see its log in the data directory")
+                raise CliError(
+                    f"a cluster process exited early ({' '.join(argv[3:])}); see its log in the data directory"
+                )
         try:
             status = _fetch_status(admin, timeout=1)
             if all_replicas_serving(status):
@@ -301,7 +373,9 @@ def _wait_for_cluster(admin: str, children: list[subprocess.Popen[bytes]], timeo
         except CliError as e:
             last_error = str(e)
         time.sleep(0.2)
-    raise CliError(f"the cluster did not come online within {timeout_s:.0f} s ({last_error or 'shards still electing'})")
+    raise CliError(
+        f"the cluster did not come online within {timeout_s:.0f} s ({last_error or 'shards still electing'})"
+    )
 
 
 def all_replicas_serving(status: object) -> bool:
@@ -319,9 +393,13 @@ def all_replicas_serving(status: object) -> bool:
     serving = {
         (r.namespace, r.shard, r.node)
         for r in status.replicas  # type: ignore[attr-defined]
-        if r.role in (pb.LEADER, pb.FOLLOWER) and (r.namespace, r.shard) in shards and r.term == shards[(r.namespace, r.shard)].term
+        if r.role in (pb.LEADER, pb.FOLLOWER)
+        and (r.namespace, r.shard) in shards
+        and r.term == shards[(r.namespace, r.shard)].term
     }
-    return all((m.namespace, m.shard, node) in serving for m in shards.values() for node in m.ensemble)
+    return all(
+        (m.namespace, m.shard, node) in serving for m in shards.values() for node in m.ensemble
+    )
 
 
 def _fetch_status(address: str, timeout: float = 5) -> object:
@@ -330,9 +408,13 @@ def _fetch_status(address: str, timeout: float = 5) -> object:
 
     with grpc.insecure_channel(address) as channel:
         try:
-            return pb_grpc.CoordinatorAdminStub(channel).GetClusterStatus(pb.Empty(), timeout=timeout)
+            return pb_grpc.CoordinatorAdminStub(channel).GetClusterStatus(
+                pb.Empty(), timeout=timeout
+            )
         except grpc.RpcError as e:
-            raise CliError(f"cannot reach the coordinator at {address}: {e.code().name.lower()} ({e.details()})") from None
+            raise CliError(
+                f"cannot reach the coordinator at {address}: {e.code().name.lower()} ({e.details()})"
+            ) from None
 
 
 def _format_status(status: object) -> str:
@@ -345,10 +427,27 @@ def _format_status(status: object) -> str:
         report = leaders.get((m.namespace, m.shard))
         if report is not None and report.term == m.term:
             head, commit = str(report.head.offset), str(report.commit_offset)
-            followers = ", ".join(f"{f.name} ({max(0, report.commit_offset - f.acked_offset)})" for f in report.followers) or "-"
+            followers = (
+                ", ".join(
+                    f"{f.name} ({max(0, report.commit_offset - f.acked_offset)})"
+                    for f in report.followers
+                )
+                or "-"
+            )
         else:
             head, commit, followers = "?", "?", "-"
-        rows.append((f"{m.namespace}/{m.shard}", state_names[m.status], str(m.term), m.leader or "-", head, commit, followers, ", ".join(m.eligible) or "-"))
+        rows.append(
+            (
+                f"{m.namespace}/{m.shard}",
+                state_names[m.status],
+                str(m.term),
+                m.leader or "-",
+                head,
+                commit,
+                followers,
+                ", ".join(m.eligible) or "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     down = [n for n, up in sorted(status.nodes_alive.items()) if not up]  # type: ignore[attr-defined]
@@ -368,17 +467,34 @@ def _run_status(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quorumstore", description="A quorum-replicated KV store with Oxia's client protocol.")
-    parser.add_argument("--log-level", default=os.environ.get("QUORUMSTORE_LOG_LEVEL", "WARNING"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser = argparse.ArgumentParser(
+        prog="quorumstore", description="A quorum-replicated KV store with Oxia's client protocol."
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("QUORUMSTORE_LOG_LEVEL", "WARNING"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("standalone", help="one process, one replica per shard")
     p.add_argument("--shards", type=_positive, default=1)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=DEFAULT_CLIENT_PORT, help="client port (Oxia's default: 6648)")
-    p.add_argument("--admin-port", type=_port, default=0, help="coordinator status port (default: any free port)")
+    p.add_argument(
+        "--port", type=_port, default=DEFAULT_CLIENT_PORT, help="client port (Oxia's default: 6648)"
+    )
+    p.add_argument(
+        "--admin-port",
+        type=_port,
+        default=0,
+        help="coordinator status port (default: any free port)",
+    )
     p.add_argument("--data-dir", default="quorumstore-data", help="default: ./quorumstore-data")
-    p.add_argument("--no-fsync", action="store_true", help="do not fsync the WAL (faster, loses recent writes on power loss)")
+    p.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="do not fsync the WAL (faster, loses recent writes on power loss)",
+    )
     _add_wal_flags(p)
 
     p = sub.add_parser("cluster", help="a coordinator and N node processes on this machine")
@@ -387,7 +503,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replication-factor", type=_positive, default=3)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--base-port", type=_port, default=DEFAULT_CLIENT_PORT, help="nodes listen on base, base+1, ...; the coordinator after them")
+    p.add_argument(
+        "--base-port",
+        type=_port,
+        default=DEFAULT_CLIENT_PORT,
+        help="nodes listen on base, base+1, ...; the coordinator after them",
+    )
     p.add_argument("--no-fsync", action="store_true")
     _add_wal_flags(p)
 
@@ -399,21 +520,34 @@ def _parser() -> argparse.ArgumentParser:
     _add_wal_flags(p)
 
     p = sub.add_parser("coordinator", help="the coordinator of a set of nodes")
-    p.add_argument("--nodes", type=lambda v: [_address(a) for a in v.split(",")], required=True, help="comma-separated host:port")
+    p.add_argument(
+        "--nodes",
+        type=lambda v: [_address(a) for a in v.split(",")],
+        required=True,
+        help="comma-separated host:port",
+    )
     p.add_argument("--shards", type=_positive, default=1)
     p.add_argument("--replication-factor", type=_positive, default=3)
-    p.add_argument("--metadata", required=True, help="path or fsspec URL of the coordinator's metadata")
+    p.add_argument(
+        "--metadata", required=True, help="path or fsspec URL of the coordinator's metadata"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--admin-port", type=_port, default=0)
 
-    p = sub.add_parser("status", help="per shard: term, leader, offsets, follower lag, eligible set")
-    p.add_argument("--coordinator", type=_address, required=True, help="the coordinator's host:port")
+    p = sub.add_parser(
+        "status", help="per shard: term, leader, offsets, follower lag, eligible set"
+    )
+    p.add_argument(
+        "--coordinator", type=_address, required=True, help="the coordinator's host:port"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         if args.command == "standalone":
             event_loops.run(_run_standalone(args))

@@ -24,11 +24,25 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.protocol.types import LogEntry, LogPosition, Role
 
-_ROLE_TO_PB = {Role.NOT_MEMBER: pb.NOT_MEMBER, Role.FENCED: pb.FENCED, Role.FOLLOWER: pb.FOLLOWER, Role.LEADER: pb.LEADER}
+_ROLE_TO_PB = {
+    Role.NOT_MEMBER: pb.NOT_MEMBER,
+    Role.FENCED: pb.FENCED,
+    Role.FOLLOWER: pb.FOLLOWER,
+    Role.LEADER: pb.LEADER,
+}
 _ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
-_ACK_TO_PB = {AckStatus.OK: pb.OK, AckStatus.STALE_TERM: pb.STALE_TERM, AckStatus.GAP: pb.GAP, AckStatus.MISMATCH: pb.MISMATCH}
+_ACK_TO_PB = {
+    AckStatus.OK: pb.OK,
+    AckStatus.STALE_TERM: pb.STALE_TERM,
+    AckStatus.GAP: pb.GAP,
+    AckStatus.MISMATCH: pb.MISMATCH,
+}
 _ACK_FROM_PB = {v: k for k, v in _ACK_TO_PB.items()}
-_STATE_TO_PB = {ShardState.ELECTION: pb.ELECTION, ShardState.ONLINE: pb.ONLINE, ShardState.OFFLINE: pb.OFFLINE}
+_STATE_TO_PB = {
+    ShardState.ELECTION: pb.ELECTION,
+    ShardState.ONLINE: pb.ONLINE,
+    ShardState.OFFLINE: pb.OFFLINE,
+}
 _STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
 
 
@@ -61,12 +75,18 @@ def new_term_from_pb(r: pb.NewTermRequest) -> NewTerm:
 
 def new_term_response_to_pb(m: NewTermResponse) -> pb.NewTermResponse:
     return pb.NewTermResponse(
-        namespace=m.shard[0], shard=m.shard[1], term=m.term, head=position_to_pb(m.head), commit_offset=m.commit_offset
+        namespace=m.shard[0],
+        shard=m.shard[1],
+        term=m.term,
+        head=position_to_pb(m.head),
+        commit_offset=m.commit_offset,
     )
 
 
 def new_term_response_from_pb(r: pb.NewTermResponse, node: str) -> NewTermResponse:
-    return NewTermResponse((r.namespace, r.shard), r.term, node, position_from_pb(r.head), r.commit_offset)
+    return NewTermResponse(
+        (r.namespace, r.shard), r.term, node, position_from_pb(r.head), r.commit_offset
+    )
 
 
 def become_leader_to_pb(m: BecomeLeader) -> pb.BecomeLeaderRequest:
@@ -89,7 +109,9 @@ def become_leader_from_pb(r: pb.BecomeLeaderRequest) -> BecomeLeader:
 
 
 def become_leader_response_to_pb(m: BecomeLeaderResponse) -> pb.BecomeLeaderResponse:
-    return pb.BecomeLeaderResponse(namespace=m.shard[0], shard=m.shard[1], term=m.term, head=position_to_pb(m.head))
+    return pb.BecomeLeaderResponse(
+        namespace=m.shard[0], shard=m.shard[1], term=m.term, head=position_to_pb(m.head)
+    )
 
 
 def become_leader_response_from_pb(r: pb.BecomeLeaderResponse, node: str) -> BecomeLeaderResponse:
@@ -107,7 +129,9 @@ def add_follower_to_pb(m: AddFollower) -> pb.AddFollowerRequest:
 
 
 def add_follower_from_pb(r: pb.AddFollowerRequest) -> AddFollower:
-    return AddFollower((r.namespace, r.shard), r.term, r.follower_name, position_from_pb(r.follower_head))
+    return AddFollower(
+        (r.namespace, r.shard), r.term, r.follower_name, position_from_pb(r.follower_head)
+    )
 
 
 def shard_status_to_pb(s: ShardStatus, node: str = "") -> pb.ShardStatus:
@@ -118,7 +142,9 @@ def shard_status_to_pb(s: ShardStatus, node: str = "") -> pb.ShardStatus:
         role=role_to_pb(s.role),
         head=position_to_pb(s.head),
         commit_offset=s.commit_offset,
-        followers=[pb.FollowerStatus(name=f.name, acked_offset=f.acked_offset) for f in s.followers],
+        followers=[
+            pb.FollowerStatus(name=f.name, acked_offset=f.acked_offset) for f in s.followers
+        ],
         node=node,
     )
 
@@ -146,7 +172,10 @@ def append_to_pb(m: Append) -> pb.Append:
         prev_checksum=m.prev.checksum,
         prev_offset=m.prev.offset,
         prev_term=m.prev.term,
-        entries=[pb.LogEntry(term=e.term, offset=e.offset, checksum=e.checksum, payload=e.payload) for e in m.entries],
+        entries=[
+            pb.LogEntry(term=e.term, offset=e.offset, checksum=e.checksum, payload=e.payload)
+            for e in m.entries
+        ],
         leader_name=m.leader,
     )
 
@@ -175,7 +204,12 @@ def ack_to_pb(m: Ack) -> pb.Ack:
 
 def ack_from_pb(r: pb.Ack, follower: str) -> Ack:
     return Ack(
-        (r.namespace, r.shard), r.term, follower, _ACK_FROM_PB[r.status], r.head_offset, position_from_pb(r.follower_head)
+        (r.namespace, r.shard),
+        r.term,
+        follower,
+        _ACK_FROM_PB[r.status],
+        r.head_offset,
+        position_from_pb(r.follower_head),
     )
 
 
@@ -192,12 +226,18 @@ def truncate_to_pb(m: Truncate) -> pb.TruncateRequest:
 
 def truncate_from_pb(r: pb.TruncateRequest) -> Truncate:
     return Truncate(
-        (r.namespace, r.shard), r.term, r.leader_name, position_from_pb(r.head), position_from_pb(r.follower_head)
+        (r.namespace, r.shard),
+        r.term,
+        r.leader_name,
+        position_from_pb(r.head),
+        position_from_pb(r.follower_head),
     )
 
 
 def truncate_response_to_pb(m: TruncateResponse) -> pb.TruncateResponse:
-    return pb.TruncateResponse(namespace=m.shard[0], shard=m.shard[1], term=m.term, head=position_to_pb(m.head))
+    return pb.TruncateResponse(
+        namespace=m.shard[0], shard=m.shard[1], term=m.term, head=position_to_pb(m.head)
+    )
 
 
 def truncate_response_from_pb(r: pb.TruncateResponse, follower: str) -> TruncateResponse:
@@ -217,7 +257,9 @@ def metadata_to_pb(meta: ClusterMetadata) -> pb.CoordinatorMetadata:
                 term=m.term,
                 leader=m.leader or "",
                 ensemble=list(m.ensemble),
-                hash_range=pb.HashRange(min_hash_inclusive=m.hash_range[0], max_hash_inclusive=m.hash_range[1]),
+                hash_range=pb.HashRange(
+                    min_hash_inclusive=m.hash_range[0], max_hash_inclusive=m.hash_range[1]
+                ),
                 status=_STATE_TO_PB[m.state],
                 eligible=sorted(m.eligible),
                 last_known_commit_offset=m.known_commit_offset,
@@ -251,7 +293,9 @@ def assignments_from_metadata(meta: ClusterMetadata) -> pb.ShardAssignmentsUpdat
         namespaces.setdefault(namespace, []).append(
             pb.ShardAssignment(
                 shard=shard,
-                hash_range=pb.HashRange(min_hash_inclusive=m.hash_range[0], max_hash_inclusive=m.hash_range[1]),
+                hash_range=pb.HashRange(
+                    min_hash_inclusive=m.hash_range[0], max_hash_inclusive=m.hash_range[1]
+                ),
                 term=m.term,
                 leader=m.leader if m.state is ShardState.ONLINE and m.leader else "",
                 followers=[n for n in m.ensemble if n != m.leader],
@@ -259,5 +303,8 @@ def assignments_from_metadata(meta: ClusterMetadata) -> pb.ShardAssignmentsUpdat
         )
     return pb.ShardAssignmentsUpdate(
         version=meta.version,
-        namespaces=[pb.NamespaceAssignments(namespace=ns, shards=shards) for ns, shards in namespaces.items()],
+        namespaces=[
+            pb.NamespaceAssignments(namespace=ns, shards=shards)
+            for ns, shards in namespaces.items()
+        ],
     )

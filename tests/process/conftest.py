@@ -238,18 +238,36 @@ class LocalCluster:
         self._processes: dict[str, ManagedProcess] = {}
         for i, address in enumerate(self.nodes):
             port = address.rpartition(":")[2]
-            argv = ["node", "--host", host, "--port", port, "--data-dir", str(self.node_dir(address)), *no_fsync, *node_args]
-            self._processes[address] = ManagedProcess(f"node{i}", argv, root / "logs" / f"node{i}-{port}.log")
+            argv = [
+                "node",
+                "--host",
+                host,
+                "--port",
+                port,
+                "--data-dir",
+                str(self.node_dir(address)),
+                *no_fsync,
+                *node_args,
+            ]
+            self._processes[address] = ManagedProcess(
+                f"node{i}", argv, root / "logs" / f"node{i}-{port}.log"
+            )
         self.coordinator = ManagedProcess(
             "coordinator",
             [
                 "coordinator",
-                "--nodes", ",".join(self.nodes),
-                "--shards", str(shards),
-                "--replication-factor", str(replication_factor),
-                "--metadata", str(self.metadata_path),
-                "--host", host,
-                "--admin-port", self.admin_address.rpartition(":")[2],
+                "--nodes",
+                ",".join(self.nodes),
+                "--shards",
+                str(shards),
+                "--replication-factor",
+                str(replication_factor),
+                "--metadata",
+                str(self.metadata_path),
+                "--host",
+                host,
+                "--admin-port",
+                self.admin_address.rpartition(":")[2],
             ],
             root / "logs" / "coordinator.log",
         )
@@ -287,7 +305,10 @@ class LocalCluster:
         return self.coordinator.pid if name == "coordinator" else self._processes[name].pid
 
     def pids(self) -> dict[str, int | None]:
-        return {"coordinator": self.coordinator.pid, **{n: p.pid for n, p in self._processes.items()}}
+        return {
+            "coordinator": self.coordinator.pid,
+            **{n: p.pid for n, p in self._processes.items()},
+        }
 
     def is_alive(self, node: str) -> bool:
         return self._processes[node].alive
@@ -343,7 +364,9 @@ class LocalCluster:
     def restart_coordinator(self) -> pb.ClusterStatus:
         """Starts the coordinator again with the same metadata path; returns its first status."""
         self.coordinator.start()
-        return poll_until(self.status, PROCESS_START_TIMEOUT_S, "the restarted coordinator to serve status")
+        return poll_until(
+            self.status, PROCESS_START_TIMEOUT_S, "the restarted coordinator to serve status"
+        )
 
     # -------------------------------------------------------------- observation
 
@@ -378,7 +401,9 @@ class LocalCluster:
     def node_status(self, node: str, shard: int) -> pb.GetStatusResponse:
         """One replica's own status (NodeControl.GetStatus on that node)."""
         stub = pb_grpc.NodeControlStub(self._channel(node))
-        return stub.GetStatus(pb.GetStatusRequest(namespace=NAMESPACE, shard=shard), timeout=_RPC_TIMEOUT_S)
+        return stub.GetStatus(
+            pb.GetStatusRequest(namespace=NAMESPACE, shard=shard), timeout=_RPC_TIMEOUT_S
+        )
 
     def _wait_node_serving(self, node: str) -> None:
         process = self._processes[node]
@@ -403,9 +428,16 @@ class LocalCluster:
             )
             return status if ok else None
 
-        return poll_until(online, timeout_s, "every shard to be online", describe=lambda: str(self.status().metadata))
+        return poll_until(
+            online,
+            timeout_s,
+            "every shard to be online",
+            describe=lambda: str(self.status().metadata),
+        )
 
-    def wait_new_leader(self, shard: int, not_on: str, after_term: int, timeout_s: float = ONLINE_TIMEOUT_S) -> tuple[str, int]:
+    def wait_new_leader(
+        self, shard: int, not_on: str, after_term: int, timeout_s: float = ONLINE_TIMEOUT_S
+    ) -> tuple[str, int]:
         """Waits for a leader of `shard` other than `not_on`, in a term after `after_term`."""
 
         def elected() -> tuple[str, int] | None:
@@ -415,10 +447,15 @@ class LocalCluster:
             return None
 
         return poll_until(
-            elected, timeout_s, f"a new leader of shard {shard} (not {not_on})", describe=lambda: self.describe_shard(shard)
+            elected,
+            timeout_s,
+            f"a new leader of shard {shard} (not {not_on})",
+            describe=lambda: self.describe_shard(shard),
         )
 
-    def wait_following(self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S) -> pb.GetStatusResponse:
+    def wait_following(
+        self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S
+    ) -> pb.GetStatusResponse:
         """Waits until `node` follows the current leader of `shard` in the leader's term."""
 
         def following() -> pb.GetStatusResponse | None:
@@ -427,12 +464,19 @@ class LocalCluster:
                 return None
             leader_status = self.node_status(leader, shard)
             mine = self.node_status(node, shard)
-            if mine.role == pb.FOLLOWER and mine.term == leader_status.term and leader_status.role == pb.LEADER:
+            if (
+                mine.role == pb.FOLLOWER
+                and mine.term == leader_status.term
+                and leader_status.role == pb.LEADER
+            ):
                 return mine
             return None
 
         return poll_until(
-            following, timeout_s, f"{node} to follow the leader of shard {shard}", describe=lambda: self.describe_shard(shard)
+            following,
+            timeout_s,
+            f"{node} to follow the leader of shard {shard}",
+            describe=lambda: self.describe_shard(shard),
         )
 
     def wait_rejoined(self, node: str, timeout_s: float = ONLINE_TIMEOUT_S) -> None:
@@ -450,12 +494,23 @@ class LocalCluster:
                     return False
             return True
 
-        poll_until(rejoined, timeout_s, f"{node} to follow or lead each of its shards", describe=lambda: self.describe_node(node))
+        poll_until(
+            rejoined,
+            timeout_s,
+            f"{node} to follow or lead each of its shards",
+            describe=lambda: self.describe_node(node),
+        )
 
     def describe_node(self, node: str) -> str:
-        return "\n".join(self.describe_shard(m.shard) for m in self.status().metadata.shards if node in m.ensemble)
+        return "\n".join(
+            self.describe_shard(m.shard)
+            for m in self.status().metadata.shards
+            if node in m.ensemble
+        )
 
-    def wait_caught_up(self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S) -> tuple[pb.GetStatusResponse, pb.GetStatusResponse]:
+    def wait_caught_up(
+        self, node: str, shard: int, timeout_s: float = ONLINE_TIMEOUT_S
+    ) -> tuple[pb.GetStatusResponse, pb.GetStatusResponse]:
         """Waits (with no writes running) until `node`'s replica has the leader's head and commit.
 
         Returns (leader's status, node's status).
@@ -475,7 +530,10 @@ class LocalCluster:
             return (lead, mine) if same else None
 
         return poll_until(
-            caught_up, timeout_s, f"{node} to converge with the leader of shard {shard}", describe=lambda: self.describe_shard(shard)
+            caught_up,
+            timeout_s,
+            f"{node} to converge with the leader of shard {shard}",
+            describe=lambda: self.describe_shard(shard),
         )
 
     def describe_shard(self, shard: int) -> str:
@@ -521,7 +579,10 @@ class LocalCluster:
         return official_oxia_client(node or self.live_nodes()[0])
 
     def log_tails(self, chars: int = 2500) -> str:
-        parts = [f"----- {p.name} ({p.log_path.name}) -----\n{p.log_tail(chars)}" for p in [self.coordinator, *self._processes.values()]]
+        parts = [
+            f"----- {p.name} ({p.log_path.name}) -----\n{p.log_tail(chars)}"
+            for p in [self.coordinator, *self._processes.values()]
+        ]
         return "\n".join(parts)
 
 
@@ -561,7 +622,9 @@ class WriteLoad:
     client on a live node, as a client behind a load balancer would.
     """
 
-    def __init__(self, cluster: LocalCluster, clients: int = WRITERS, rate: float = WRITES_PER_SECOND):
+    def __init__(
+        self, cluster: LocalCluster, clients: int = WRITERS, rate: float = WRITES_PER_SECOND
+    ):
         self.cluster = cluster
         self.clients = clients
         self.interval_s = 1.0 / rate
@@ -576,7 +639,9 @@ class WriteLoad:
 
     def start(self) -> None:
         for i in range(self.clients):
-            thread = threading.Thread(target=self._write_loop, args=(i,), name=f"writer-{i}", daemon=True)
+            thread = threading.Thread(
+                target=self._write_loop, args=(i,), name=f"writer-{i}", daemon=True
+            )
             self._threads.append(thread)
             thread.start()
 
@@ -595,7 +660,9 @@ class WriteLoad:
         if stuck:
             now = time.monotonic()
             since = {i: f"{now - at:.1f} s" for i, at in dict(self._in_put).items()}
-            raise WriterStuck(f"writers {stuck} still inside a put {timeout_s:.0f} s after stop: {since}")
+            raise WriterStuck(
+                f"writers {stuck} still inside a put {timeout_s:.0f} s after stop: {since}"
+            )
 
     def _open(self, index: int) -> tuple[oxia.Client, str]:
         while True:
@@ -632,7 +699,10 @@ class WriteLoad:
                     self._in_put.pop(index, None)
                     self._note_failure(e)
                     failing_since = failing_since or started
-                    if not self.cluster.is_alive(node) or time.monotonic() - failing_since > REOPEN_AFTER_S:
+                    if (
+                        not self.cluster.is_alive(node)
+                        or time.monotonic() - failing_since > REOPEN_AFTER_S
+                    ):
                         close_in_background(client)
                         client, node = self._open(index)
                         failing_since = None
@@ -658,10 +728,14 @@ class WriteLoad:
     def writes_issued_after(self, at: float, shard: int | None = None) -> list[AckedWrite]:
         """Acknowledged writes issued after `at` (to `shard`, if given), by ack time."""
         with self._lock:
-            found = [w for w in self.acked if w.started_at > at and (shard is None or w.shard == shard)]
+            found = [
+                w for w in self.acked if w.started_at > at and (shard is None or w.shard == shard)
+            ]
         return sorted(found, key=lambda w: w.acked_at)
 
-    def wait_for_write_after(self, at: float, shard: int | None, timeout_s: float, count: int = 1) -> AckedWrite:
+    def wait_for_write_after(
+        self, at: float, shard: int | None, timeout_s: float, count: int = 1
+    ) -> AckedWrite:
         """The first acknowledged write issued after `at`, once `count` such writes exist."""
 
         def written() -> AckedWrite | None:
@@ -680,7 +754,9 @@ class WriteLoad:
         """Longest time without an acknowledgement within [start, end]."""
         with self._lock:
             times = sorted(
-                w.acked_at for w in self.acked if start <= w.acked_at <= end and (shard is None or w.shard == shard)
+                w.acked_at
+                for w in self.acked
+                if start <= w.acked_at <= end and (shard is None or w.shard == shard)
             )
         return max(b - a for a, b in itertools.pairwise([start, *times, end]))
 
@@ -714,10 +790,16 @@ class WriteLoad:
             list(pool.map(read_back, range(readers)))
         with self.cluster.open_client() as client:
             scanned = {key: value for key, value, _ in client.range_scan("/load/", "/load/~")}
-        assert not missing, f"{len(missing)} of {len(acked)} acknowledged writes are lost, e.g. {sorted(missing)[:5]}"
-        assert not wrong, f"{len(wrong)} acknowledged writes have another value, e.g. {sorted(wrong)[:5]}"
+        assert not missing, (
+            f"{len(missing)} of {len(acked)} acknowledged writes are lost, e.g. {sorted(missing)[:5]}"
+        )
+        assert not wrong, (
+            f"{len(wrong)} acknowledged writes have another value, e.g. {sorted(wrong)[:5]}"
+        )
         disagree = [w.key for w in acked if scanned.get(w.key) != w.value]
-        assert not disagree, f"the range scan disagrees with get on {len(disagree)} keys, e.g. {disagree[:5]}"
+        assert not disagree, (
+            f"the range scan disagrees with get on {len(disagree)} keys, e.g. {disagree[:5]}"
+        )
         return (
             f"verified {len(acked)} acknowledged writes by get and by range scan ({len(scanned)} keys) "
             f"in {time.monotonic() - started:.1f} s; {self.failures} put attempts had failed"
@@ -736,7 +818,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture
-def make_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+def make_cluster(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., LocalCluster]]:
     """A factory of started `LocalCluster`s; every process is killed at teardown.
 
     If the test failed, the tail of each process's log is printed (shown by pytest
@@ -765,7 +849,9 @@ def write_load() -> Iterator[Callable[..., WriteLoad]]:
     """A factory of started `WriteLoad`s on a cluster; any still running are stopped at teardown."""
     loads: list[WriteLoad] = []
 
-    def start(cluster: LocalCluster, clients: int = WRITERS, rate: float = WRITES_PER_SECOND) -> WriteLoad:
+    def start(
+        cluster: LocalCluster, clients: int = WRITERS, rate: float = WRITES_PER_SECOND
+    ) -> WriteLoad:
         load = WriteLoad(cluster, clients, rate)
         loads.append(load)
         load.start()

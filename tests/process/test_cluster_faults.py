@@ -132,7 +132,9 @@ def test_paused_leader_replaced_and_resumed_acknowledges_nothing_it_lost(
 
 
 @pytest.mark.timeout(150)
-def test_follower_kill_does_not_interrupt_writes(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
+def test_follower_kill_does_not_interrupt_writes(
+    make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
+) -> None:
     """Losing one follower of three changes nothing for writers: no election, no pause."""
     cluster = make_cluster(nodes=3, shards=1, replication_factor=3)
     shard = 0
@@ -145,7 +147,9 @@ def test_follower_kill_does_not_interrupt_writes(make_cluster: MakeCluster, writ
     load.wait_for_write_after(killed_at, shard, 20, count=100)
     window_end = time.monotonic()
     after = cluster.shard_metadata(shard)
-    assert (after.term, after.leader) == (before.term, before.leader), "losing a follower started an election"
+    assert (after.term, after.leader) == (before.term, before.leader), (
+        "losing a follower started an election"
+    )
     gap = load.largest_gap(killed_at, window_end, shard)
     measure(
         f"follower kill: first write issued after the kill acknowledged in {first.acked_at - killed_at:.3f} s; "
@@ -163,7 +167,9 @@ def test_follower_kill_does_not_interrupt_writes(make_cluster: MakeCluster, writ
 
 
 @pytest.mark.timeout(150)
-def test_wiped_follower_rejoins_by_snapshot(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
+def test_wiped_follower_rejoins_by_snapshot(
+    make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
+) -> None:
     """A follower whose data directory was deleted while down is rebuilt from a snapshot."""
     cluster = make_cluster(nodes=3, shards=1, replication_factor=3)
     shard = 0
@@ -192,17 +198,23 @@ def test_wiped_follower_rejoins_by_snapshot(make_cluster: MakeCluster, write_loa
     shard_dir = cluster.node_dir(follower) / "shards" / "default" / str(shard)
     with Wal.open(shard_dir / "wal", sync=False) as wal:
         snapshot_at = wal.base.offset
-    assert snapshot_at >= 0, "the follower's log starts at the beginning: it was not rebuilt from a snapshot"
+    assert snapshot_at >= 0, (
+        "the follower's log starts at the beginning: it was not rebuilt from a snapshot"
+    )
     kv = RocksKv(shard_dir / "kv")
     try:
         reader = ShardReader(kv)
         assert reader.applied_position.offset == mine.commit_offset
         for write in load.acked:
             record = reader.get(write.key)
-            assert record is not None and record.value == write.value, f"{write.key} on the rebuilt follower"
+            assert record is not None and record.value == write.value, (
+                f"{write.key} on the rebuilt follower"
+            )
     finally:
         kv.close()
-    measure(f"  its log starts after a snapshot at offset {snapshot_at}; its KV holds all {len(load.acked)} writes")
+    measure(
+        f"  its log starts after a snapshot at offset {snapshot_at}; its KV holds all {len(load.acked)} writes"
+    )
     cluster.restart(follower)
     cluster.wait_following(follower, shard)
 
@@ -211,7 +223,9 @@ def test_wiped_follower_rejoins_by_snapshot(make_cluster: MakeCluster, write_loa
 
 
 @pytest.mark.timeout(150)
-def test_coordinator_kill_and_restart(make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure) -> None:
+def test_coordinator_kill_and_restart(
+    make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
+) -> None:
     """Without the coordinator the data path works; restarted, it manages the same shards."""
     cluster = make_cluster(nodes=3, shards=2, replication_factor=3)
     before = {m.shard: (m.term, m.leader) for m in cluster.status().metadata.shards}
@@ -226,7 +240,9 @@ def test_coordinator_kill_and_restart(make_cluster: MakeCluster, write_load: Mak
         sample = load.writes_issued_after(killed_at)[-1]
         assert reader.get(sample.key)[1] == sample.value
         listed = set(reader.list("/load/", "/load/~"))
-        assert all(w.key in listed for w in acked_so_far), "a list without the coordinator misses acknowledged keys"
+        assert all(w.key in listed for w in acked_so_far), (
+            "a list without the coordinator misses acknowledged keys"
+        )
     measure(
         f"coordinator down: {len(load.writes_issued_after(killed_at))} writes acknowledged and reads served "
         f"within {time.monotonic() - killed_at:.2f} s of its kill"
@@ -235,7 +251,9 @@ def test_coordinator_kill_and_restart(make_cluster: MakeCluster, write_load: Mak
     cluster.restart_coordinator()
     status = cluster.wait_online()
     after = {m.shard: (m.term, m.leader) for m in status.metadata.shards}
-    assert after == before, f"the restarted coordinator changed roles without a fault: {before} -> {after}"
+    assert after == before, (
+        f"the restarted coordinator changed roles without a fault: {before} -> {after}"
+    )
 
     shard = 0
     term, leader = after[shard]
@@ -276,7 +294,11 @@ def _pid_exists(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] if Path(f"/proc/{pid}").exists() else "X"
+    state = (
+        Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        if Path(f"/proc/{pid}").exists()
+        else "X"
+    )
     return state not in ("Z", "X")
 
 
@@ -286,10 +308,24 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
     nodes = 3
     base = port_block(nodes + 1)
     command = [
-        sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", str(nodes), "--shards", "2",
-        "--replication-factor", "3", "--data-dir", str(tmp_path / "qs"), "--base-port", str(base),
+        sys.executable,
+        "-m",
+        "quorumstore.cli",
+        "cluster",
+        "--nodes",
+        str(nodes),
+        "--shards",
+        "2",
+        "--replication-factor",
+        "3",
+        "--data-dir",
+        str(tmp_path / "qs"),
+        "--base-port",
+        str(base),
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     lines: list[str] = []
     ready = threading.Event()
 
@@ -310,19 +346,35 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
         coordinator = re.search(r"coordinator:\s+(\S+)", output)
         assert client_address and coordinator, output
         children = _children_of(process.pid)
-        assert len(children) == nodes + 1, f"expected {nodes} nodes and a coordinator, found children {children}"
+        assert len(children) == nodes + 1, (
+            f"expected {nodes} nodes and a coordinator, found children {children}"
+        )
 
         with official_oxia_client(client_address.group(1)) as client:
             for i in range(20):
                 client.put(f"/cli/{i}", f"value-{i}")
-            assert [client.get(f"/cli/{i}")[1] for i in range(20)] == [f"value-{i}".encode() for i in range(20)]
+            assert [client.get(f"/cli/{i}")[1] for i in range(20)] == [
+                f"value-{i}".encode() for i in range(20)
+            ]
 
         status = subprocess.run(
-            [sys.executable, "-m", "quorumstore.cli", "status", "--coordinator", coordinator.group(1)],
-            capture_output=True, text=True, timeout=30, check=False,
+            [
+                sys.executable,
+                "-m",
+                "quorumstore.cli",
+                "status",
+                "--coordinator",
+                coordinator.group(1),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
         assert status.returncode == 0, status.stderr
-        assert re.search(r"default/0\s+online", status.stdout) and re.search(r"default/1\s+online", status.stdout), status.stdout
+        assert re.search(r"default/0\s+online", status.stdout) and re.search(
+            r"default/1\s+online", status.stdout
+        ), status.stdout
 
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0

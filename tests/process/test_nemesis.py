@@ -38,7 +38,9 @@ CALLERS = 64
 PUT_TIMEOUT_S = 60.0
 
 
-async def _writer(client: AsyncClient, index: int, stop: asyncio.Event, acked: dict[str, bytes]) -> None:
+async def _writer(
+    client: AsyncClient, index: int, stop: asyncio.Event, acked: dict[str, bytes]
+) -> None:
     n = 0
     while not stop.is_set():
         key = f"/nemesis/{index:03d}/{n:07d}"
@@ -48,7 +50,9 @@ async def _writer(client: AsyncClient, index: int, stop: asyncio.Event, acked: d
         n += 1
 
 
-async def _nemesis(cluster: LocalCluster, rnd: random.Random, stop: asyncio.Event, log: list[str]) -> None:
+async def _nemesis(
+    cluster: LocalCluster, rnd: random.Random, stop: asyncio.Event, log: list[str]
+) -> None:
     targets = [*cluster.nodes, "coordinator"]
     while not stop.is_set():
         await asyncio.sleep(rnd.uniform(0.5, 2.0))
@@ -102,7 +106,9 @@ def test_random_pauses_and_kills_lose_no_acknowledged_write(
         async with AsyncClient(",".join(cluster.nodes)) as client:
             writers = [asyncio.create_task(_writer(client, i, stop, acked)) for i in range(CALLERS)]
             nemesis = asyncio.create_task(_nemesis(cluster, random.Random(SEED), stop, faults))
-            await asyncio.wait([nemesis, *writers], timeout=SECONDS, return_when=asyncio.FIRST_EXCEPTION)
+            await asyncio.wait(
+                [nemesis, *writers], timeout=SECONDS, return_when=asyncio.FIRST_EXCEPTION
+            )
             stop.set()
             await nemesis  # ends with everything resumed or restarted
             await asyncio.gather(*writers)  # a put that never completes fails the test here
@@ -113,8 +119,12 @@ def test_random_pauses_and_kills_lose_no_acknowledged_write(
     missing, wrong = asyncio.run(scenario())
     schedule = f"seed {SEED}, faults: {'; '.join(faults)}"
     assert acked, f"no write was acknowledged; {schedule}"
-    assert not missing, f"{len(missing)} of {len(acked)} acknowledged writes are lost, e.g. {missing[:5]}; {schedule}"
-    assert not wrong, f"{len(wrong)} acknowledged writes read back another value, e.g. {wrong[:5]}; {schedule}"
+    assert not missing, (
+        f"{len(missing)} of {len(acked)} acknowledged writes are lost, e.g. {missing[:5]}; {schedule}"
+    )
+    assert not wrong, (
+        f"{len(wrong)} acknowledged writes read back another value, e.g. {wrong[:5]}; {schedule}"
+    )
     measure(
         f"nemesis seed {SEED}: {len(faults)} pauses/kills in {SECONDS:g} s, "
         f"{len(acked)} acknowledged puts from {CALLERS} callers all read back "

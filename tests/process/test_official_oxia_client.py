@@ -84,20 +84,36 @@ def _server_command(kind: str, data_dir: Path) -> list[str]:
     if kind == "standalone":
         return ["standalone", "--shards", str(SHARDS), "--port", "0", "--data-dir", str(data_dir)]
     return [
-        "cluster", "--nodes", "3", "--shards", str(SHARDS), "--replication-factor", "3",
-        "--data-dir", str(data_dir), "--base-port", str(_free_port_block(4)),
+        "cluster",
+        "--nodes",
+        "3",
+        "--shards",
+        str(SHARDS),
+        "--replication-factor",
+        "3",
+        "--data-dir",
+        str(data_dir),
+        "--base-port",
+        str(_free_port_block(4)),
     ]
 
 
 @pytest.fixture(scope="module", params=["standalone", "cluster"])
-def standalone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def standalone(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A `quorumstore standalone` process with SHARDS shards, or a 3-node cluster with
     SHARDS shards at replication factor 3; yields a client address."""
     data_dir = tmp_path_factory.mktemp(request.param)
     log = data_dir / "server.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "quorumstore.cli", *_server_command(request.param, data_dir / "data")],
+            [
+                sys.executable,
+                "-m",
+                "quorumstore.cli",
+                *_server_command(request.param, data_dir / "data"),
+            ],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,

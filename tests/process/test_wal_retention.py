@@ -57,7 +57,9 @@ def test_wal_is_trimmed_and_replicas_still_recover(
     trimmed = poll_until(all_trimmed, 30, "every replica to trim its WAL")
     head = cluster.node_status(cluster.shard_metadata(0).leader, 0).head.offset
     segments = ", ".join(f"first segment at {s[0]}, {len(s)} segments" for s in trimmed.values())
-    measure(f"WAL retention: after {head} entries every replica's WAL starts past offset 0 ({segments})")
+    measure(
+        f"WAL retention: after {head} entries every replica's WAL starts past offset 0 ({segments})"
+    )
 
     # A follower down for far longer than the kept window rejoins (by snapshot).
     meta = cluster.shard_metadata(0)
@@ -65,8 +67,10 @@ def test_wal_is_trimmed_and_replicas_still_recover(
     killed_at = cluster.kill9(follower)
     load.wait_for_write_after(killed_at, 0, 30, count=10 * KEEP_ENTRIES)
     poll_until(
-        lambda: wal_segments(cluster, meta.leader)[0] > max(wal_segments(cluster, follower), default=0)
-        or None,
+        lambda: (
+            wal_segments(cluster, meta.leader)[0] > max(wal_segments(cluster, follower), default=0)
+            or None
+        ),
         30,
         "the leader to trim past everything the stopped follower holds",
     )
@@ -82,4 +86,6 @@ def test_wal_is_trimmed_and_replicas_still_recover(
     cluster.wait_following(leader, 0)
     cluster.wait_caught_up(leader, 0)
     load.stop()
-    measure("  a follower behind the kept window and a restarted leader caught up; " + load.verify())
+    measure(
+        "  a follower behind the kept window and a restarted leader caught up; " + load.verify()
+    )

@@ -262,7 +262,13 @@ class SimNode:
 
 
 class SimCoordinator:
-    def __init__(self, sim: Simulation, nodes: list[str], metadata: ClusterMetadata, config: CoordinatorConfig):
+    def __init__(
+        self,
+        sim: Simulation,
+        nodes: list[str],
+        metadata: ClusterMetadata,
+        config: CoordinatorConfig,
+    ):
         self.sim = sim
         self.nodes = nodes
         self.config = config
@@ -320,7 +326,9 @@ class Simulation:
         self.trace = trace
         # Batch sizes vary by seed: small batches open interleavings that big ones hide.
         self.replica_config = ReplicaConfig(
-            max_append_entries=self.rng.choice((1, 2, 4, 8)), max_inflight_entries=32, retransmit_ticks=3
+            max_append_entries=self.rng.choice((1, 2, 4, 8)),
+            max_inflight_entries=32,
+            retransmit_ticks=3,
         )
         names = [f"n{i}" for i in range(config.nodes or config.replicas)]
         self.nodes = {name: SimNode(name, self) for name in names}
@@ -354,8 +362,13 @@ class Simulation:
         history = self.history[shard]
         history.acked[entry.offset] = entry.checksum
         self.log(f"ack write {write_id} at {shard[1]}/{entry.offset}")
-        if entry.offset < len(history.committed) and history.committed[entry.offset].checksum != entry.checksum:
-            self.fail(f"acknowledged write at offset {entry.offset} differs from the committed entry")
+        if (
+            entry.offset < len(history.committed)
+            and history.committed[entry.offset].checksum != entry.checksum
+        ):
+            self.fail(
+                f"acknowledged write at offset {entry.offset} differs from the committed entry"
+            )
 
     def fail(self, message: str) -> None:
         raise InvariantViolation(
@@ -390,14 +403,28 @@ class Simulation:
         if self.network:
             # Delivery keeps pace with the backlog so message delay stays bounded.
             weight = 30 + 2 * len(self.network)
-            actions.append((weight, lambda: self._deliver(0 if rng.random() < 0.6 else rng.randrange(len(self.network)))))
+            actions.append(
+                (
+                    weight,
+                    lambda: self._deliver(
+                        0 if rng.random() < 0.6 else rng.randrange(len(self.network))
+                    ),
+                )
+            )
             if self.faults:
                 actions.append((1.5, lambda: self.network.pop(rng.randrange(len(self.network)))))
-                actions.append((1.5, lambda: self.network.append(self.network[rng.randrange(len(self.network))])))
+                actions.append(
+                    (
+                        1.5,
+                        lambda: self.network.append(self.network[rng.randrange(len(self.network))]),
+                    )
+                )
         if alive:
             actions.append((10, lambda: self.nodes[rng.choice(alive)].tick()))
             actions.append((12, lambda: self.nodes[rng.choice(alive)].sync()))
-            actions.append((3, lambda: self.nodes[rng.choice(alive)].flush_and_trim(rng.random() < 0.3)))
+            actions.append(
+                (3, lambda: self.nodes[rng.choice(alive)].flush_and_trim(rng.random() < 0.3))
+            )
             if self.faults:
                 actions.append((10, self._client_write))
         if self.coordinator.alive:
@@ -426,7 +453,11 @@ class Simulation:
 
     def _client_write(self) -> None:
         shard = self.rng.choice(sorted(self.history))
-        leaders = [n for n in self.nodes.values() if n.alive and shard in n.replicas and n.replicas[shard].role is Role.LEADER]
+        leaders = [
+            n
+            for n in self.nodes.values()
+            if n.alive and shard in n.replicas and n.replicas[shard].role is Role.LEADER
+        ]
         if not leaders:
             return
         node = self.rng.choice(leaders)
@@ -493,8 +524,13 @@ class Simulation:
         upto = min(replica.commit_offset, log.head.offset)
         if upto >= 0:
             if upto < len(committed):
-                if upto >= log.base.offset and log.position_at(upto).checksum != committed[upto].checksum:
-                    self.fail(f"{node.name}: committed entry at {upto} differs from the committed history")
+                if (
+                    upto >= log.base.offset
+                    and log.position_at(upto).checksum != committed[upto].checksum
+                ):
+                    self.fail(
+                        f"{node.name}: committed entry at {upto} differs from the committed history"
+                    )
             else:
                 start = len(committed)
                 if (
@@ -508,7 +544,9 @@ class Simulation:
                         committed.append(log.entry(offset))
                     for offset, checksum in history.acked.items():
                         if offset < len(committed) and committed[offset].checksum != checksum:
-                            self.fail(f"acknowledged write at {offset} was replaced in the committed history")
+                            self.fail(
+                                f"acknowledged write at {offset} was replaced in the committed history"
+                            )
         # Seed 002's commit rule: a leader moves its commit offset only onto its own term.
         if replica.role is Role.LEADER:
             seen = self._leader_commits.get((node.name, shard))
@@ -533,11 +571,20 @@ class Simulation:
                 last = len(committed) - 1
                 if last >= 0 and (
                     log.head.offset < last
-                    or (last >= log.base.offset and log.position_at(last).checksum != committed[last].checksum)
+                    or (
+                        last >= log.base.offset
+                        and log.position_at(last).checksum != committed[last].checksum
+                    )
                 ):
-                    self.fail(f"new leader {node.name} in term {replica.term} lacks committed entry {last}")
+                    self.fail(
+                        f"new leader {node.name} in term {replica.term} lacks committed entry {last}"
+                    )
         # Invariant 5: a follower's matched prefix is the leader's log.
-        if replica.role is Role.FOLLOWER and replica.matched_offset >= 0 and replica.leader in self.nodes:
+        if (
+            replica.role is Role.FOLLOWER
+            and replica.matched_offset >= 0
+            and replica.leader in self.nodes
+        ):
             leader = self.nodes[replica.leader]
             lrep = leader.replicas.get(shard) if leader.alive else None
             if lrep is not None and lrep.role is Role.LEADER and lrep.term == replica.term:
@@ -547,7 +594,9 @@ class Simulation:
                     max(llog.base.offset, log.base.offset) <= m <= llog.head.offset
                     and llog.position_at(m).checksum != log.position_at(m).checksum
                 ):
-                    self.fail(f"follower {node.name} matched {m} but differs from leader {leader.name}")
+                    self.fail(
+                        f"follower {node.name} matched {m} but differs from leader {leader.name}"
+                    )
         # Invariant 6: the KV is the application of the committed prefix, once per offset.
         machine = node.machines[shard]
         applied = machine.applied_position
@@ -556,11 +605,17 @@ class Simulation:
         self._digest_checked[(node.name, shard)] = (id(machine), applied)
         if applied.offset >= 0:
             if applied.offset >= len(committed):
-                self.fail(f"{node.name} applied offset {applied.offset} beyond the committed history")
+                self.fail(
+                    f"{node.name} applied offset {applied.offset} beyond the committed history"
+                )
             if committed[applied.offset].checksum != applied.checksum:
-                self.fail(f"{node.name} applied an entry at {applied.offset} that is not the committed one")
+                self.fail(
+                    f"{node.name} applied an entry at {applied.offset} that is not the committed one"
+                )
             if node.machines[shard].state_digest() != history.digest_at(applied.offset):
-                self.fail(f"{node.name} KV differs from a replay of the committed log up to {applied.offset}")
+                self.fail(
+                    f"{node.name} KV differs from a replay of the committed log up to {applied.offset}"
+                )
 
     # --- running -----------------------------------------------------------------
 
@@ -568,7 +623,12 @@ class Simulation:
         for _ in range(self.config.steps):
             self.step()
         self._heal_all()
-        return SimResult(self.config.seed, self.step_no, self.writes, {k: len(h.committed) for k, h in self.history.items()})
+        return SimResult(
+            self.config.seed,
+            self.step_no,
+            self.writes,
+            {k: len(h.committed) for k, h in self.history.items()},
+        )
 
     def _heal_all(self) -> None:
         """Ends faults, restarts everything and checks that the cluster converges."""
@@ -587,9 +647,13 @@ class Simulation:
                     proposed = self._try_final_write(shard)
                     if proposed is not None:
                         final[shard] = proposed
-            if len(final) == len(self.history) and all(self._converged(s, o) for s, (_, _, o) in final.items()):
+            if len(final) == len(self.history) and all(
+                self._converged(s, o) for s, (_, _, o) in final.items()
+            ):
                 return
-        self.fail(f"the cluster did not converge within {self.config.heal_rounds} rounds after healing:\n{self._describe()}")
+        self.fail(
+            f"the cluster did not converge within {self.config.heal_rounds} rounds after healing:\n{self._describe()}"
+        )
 
     def _heal_round(self) -> None:
         """A fault-free round: deliver everything in flight in order, sync, tick everyone."""

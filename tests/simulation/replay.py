@@ -1,6 +1,6 @@
 """Replays one simulation seed, printing every event: the command a failure prints.
 
-    python tests/simulation/replay.py --seed 1234 --replicas 5 --steps 400
+python tests/simulation/replay.py --seed 1234 --replicas 5 --steps 400
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def main() -> int:
     except InvariantViolation as failure:
         print(f"FAILED: {failure}")
         return 1
-    print(f"ok: seed {result.seed}, {result.steps} steps, {result.writes} writes, committed {result.committed}")
+    print(
+        f"ok: seed {result.seed}, {result.steps} steps, {result.writes} writes, committed {result.committed}"
+    )
     return 0
 
 

@@ -27,7 +27,9 @@ _CHUNKS = [(3, start, min(start + CHUNK, _THREE)) for start in range(0, _THREE, 
 ]
 
 
-@pytest.mark.parametrize(("replicas", "first", "stop"), _CHUNKS, ids=[f"rf{r}-seeds{a}-{b - 1}" for r, a, b in _CHUNKS])
+@pytest.mark.parametrize(
+    ("replicas", "first", "stop"), _CHUNKS, ids=[f"rf{r}-seeds{a}-{b - 1}" for r, a, b in _CHUNKS]
+)
 def test_invariants_hold_on_every_seed(replicas: int, first: int, stop: int) -> None:
     for seed in range(first, stop):
         run_seed(SimConfig(seed=seed, replicas=replicas))
@@ -56,10 +58,14 @@ def test_choosing_the_leader_by_offset_alone_is_caught(monkeypatch: pytest.Monke
     assert "replay: python tests/simulation/replay.py --seed" in str(failure)
 
 
-def test_committing_an_earlier_term_entry_by_count_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_committing_an_earlier_term_entry_by_count_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     original = quorum.QuorumAckTracker.__init__
 
-    def count_only(self, replication_factor: int, term_start_offset: int, commit_offset: int) -> None:  # type: ignore[no-untyped-def]
+    def count_only(
+        self, replication_factor: int, term_start_offset: int, commit_offset: int
+    ) -> None:  # type: ignore[no-untyped-def]
         original(self, replication_factor, -1, commit_offset)
 
     monkeypatch.setattr(quorum.QuorumAckTracker, "__init__", count_only)

@@ -455,7 +455,7 @@ def test_commits_and_snapshots_stream_in_many_small_chunks(jvm: Jvm) -> None:
             "spark.quorumstore.stateStore.chunkBytes": "64",
             "spark.quorumstore.stateStore.maxWriteBytes": "200",
             "spark.quorumstore.stateStore.snapshotInterval": "1",
-        }
+        },
     }
     provider = jvm.provider(PROVIDER_CLASS, "small-chunks", spec, **confs)
     store = jvm.store(provider, 0)
@@ -470,9 +470,7 @@ def test_commits_and_snapshots_stream_in_many_small_chunks(jvm: Jvm) -> None:
     provider.doMaintenance()  # snapshot of version 2; the deltas below it are dropped
     fresh = jvm.store(jvm.provider(PROVIDER_CLASS, "small-chunks", spec, **confs), 2)
     assert [k[1] for k, _ in jvm.rows(fresh.iterator("default"))] == list(range(1, 50, 2))
-    custom = jvm.jvm.scala.jdk.javaapi.CollectionConverters.asJava(
-        fresh.metrics().customMetrics()
-    )
+    custom = jvm.jvm.scala.jdk.javaapi.CollectionConverters.asJava(fresh.metrics().customMetrics())
     assert {m.name(): v for m, v in custom.items()}["quorumstoreStoreLoads"] == 1
     fresh.abort()
 
@@ -506,9 +504,7 @@ def test_local_copy_is_unlinked_in_the_local_dir_and_a_bad_dir_is_named(
     confs = {"spark.quorumstore.stateStore.localDir": str(local)}
     fresh = jvm.store(jvm.provider(PROVIDER_CLASS, "local-dir", spec, quorum_confs=confs), 1)
     assert len(jvm.rows(fresh.iterator("default"))) == 100
-    custom = jvm.jvm.scala.jdk.javaapi.CollectionConverters.asJava(
-        fresh.metrics().customMetrics()
-    )
+    custom = jvm.jvm.scala.jdk.javaapi.CollectionConverters.asJava(fresh.metrics().customMetrics())
     disk_bytes = {metric.name(): value for metric, value in custom.items()}
     fresh.abort()
     assert disk_bytes["quorumstoreLocalDiskBytes"] > 100 * 8

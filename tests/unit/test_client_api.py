@@ -571,7 +571,12 @@ def test_concurrent_writes_share_entries_and_apply_as_if_one_after_another(
     assert got[7].puts[0].version.modifications_count == 0
     values = {k: cluster.get(k).value for k in ["/m/a", "/m/b", "/m/c", "/m/d", "/m/e", "/m/f"]}
     assert values == {
-        "/m/a": b"a2", "/m/b": b"b", "/m/c": b"c1", "/m/d": b"d", "/m/e": b"e", "/m/f": b"f"
+        "/m/a": b"a2",
+        "/m/b": b"b",
+        "/m/c": b"c1",
+        "/m/d": b"d",
+        "/m/e": b"e",
+        "/m/f": b"f",
     }
     entries = cluster.server.call(lambda: host.state.applied_position.offset) - before
     assert entries < len(requests)  # e.g. a, b, [c1 d e], c2, the range, a2

@@ -9,7 +9,11 @@ import pytest
 def test_prints_wall_and_cpu_per_exchange(capsys: pytest.CaptureFixture[str]) -> None:
     assert grpc_floor_bench.main(["--calls", "20"]) == 0
     out = capsys.readouterr().out
-    for kind in ("unary call", "unary call + 2 metadata entries", "bidirectional stream round trip"):
+    for kind in (
+        "unary call",
+        "unary call + 2 metadata entries",
+        "bidirectional stream round trip",
+    ):
         assert kind in out
     assert "x the CPU of a round trip on an open stream" in out
 

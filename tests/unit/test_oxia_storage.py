@@ -236,7 +236,9 @@ def test_results_round_trip_with_keys_and_session_ids() -> None:
         OpResult(Status.OK, session_id=9),
         OpResult(Status.SESSION_DOES_NOT_EXIST),
     ]
-    stored = [replace(r, version=r.version._replace(value=b"")) if r.version else r for r in results]
+    stored = [
+        replace(r, version=r.version._replace(value=b"")) if r.version else r for r in results
+    ]
     assert decode_results(encode_results(results)) == stored  # versions, without values
 
 

@@ -76,7 +76,9 @@ class Cluster:
 
     def entries(self, name: str) -> list[tuple[int, int]]:
         log = self.logs[name]
-        return [(log.position_at(o).term, o) for o in range(log.base.offset + 1, log.head.offset + 1)]
+        return [
+            (log.position_at(o).term, o) for o in range(log.base.offset + 1, log.head.offset + 1)
+        ]
 
 
 def test_seed000_add_follower_catches_up_a_follower_that_is_behind():
@@ -89,9 +91,15 @@ def test_seed000_add_follower_catches_up_a_follower_that_is_behind():
     cluster.step("leader", AddFollower(SHARD, 4, "f4", cluster.logs["f4"].head))
     cluster.run()
     appended = [
-        e.offset for out in cluster.delivered if isinstance(out.message, Append) for e in out.message.entries
+        e.offset
+        for out in cluster.delivered
+        if isinstance(out.message, Append)
+        for e in out.message.entries
     ]
-    assert appended[:2] == [6, 7]  # the entries the follower lacked, in order (then the leader's noop)
+    assert appended[:2] == [
+        6,
+        7,
+    ]  # the entries the follower lacked, in order (then the leader's noop)
     assert not any(isinstance(out.message, Truncate) for out in cluster.delivered)
     assert cluster.entries("f4") == cluster.entries("leader")
     assert cluster.replicas["f4"].role is Role.FOLLOWER
@@ -140,7 +148,11 @@ def test_seed002_a_stale_term_leader_steps_down_and_its_appends_are_refused():
     offset = old.propose(b"zombie write")
     cluster._drive("old")
     cluster.run()
-    refusals = [out.message for out in cluster.delivered if isinstance(out.message, Ack) and out.message.status is AckStatus.STALE_TERM]
+    refusals = [
+        out.message
+        for out in cluster.delivered
+        if isinstance(out.message, Ack) and out.message.status is AckStatus.STALE_TERM
+    ]
     assert refusals and all(r.term == 3 for r in refusals)
     assert old.role is Role.FENCED and old.term == 3
     assert old.commit_offset < offset  # the zombie's write never committed
@@ -211,7 +223,9 @@ def test_seed000_a_repeated_truncate_never_cuts_entries_the_follower_acked_since
     acked = cluster.logs["f"].head
     assert cluster.replicas["leader"].commit_offset == acked.offset == 4
 
-    cluster.replicas["f"] = ShardReplica("f", SHARD, cluster.logs["f"], term=4, commit_offset=-1, noop_payload=NOOP)
+    cluster.replicas["f"] = ShardReplica(
+        "f", SHARD, cluster.logs["f"], term=4, commit_offset=-1, noop_payload=NOOP
+    )
     cluster.step("f", truncate)
     assert cluster.logs["f"].head == acked
     cluster.run()

@@ -75,7 +75,9 @@ def test_serials_expire_after_the_ttl_by_entry_time():
     sm.apply([log.entry(_put("x", b"y", 1000 + SERIAL_TTL_MS + 1, ClientSerial("busy", 1)))])
     assert kv.get(serial_key("idle")) is None
     # After expiry the old serial is unknown again: a (very late) retry would apply.
-    [late] = sm.apply([log.entry(_put("k", b"late", 1000 + SERIAL_TTL_MS + 2, ClientSerial("idle", 1)))])
+    [late] = sm.apply(
+        [log.entry(_put("k", b"late", 1000 + SERIAL_TTL_MS + 2, ClientSerial("idle", 1)))]
+    )
     assert not late.duplicate
 
 

@@ -27,7 +27,9 @@ class MetadataStore:
     def __init__(self, url: str):
         self.url = url
         self._fs, self._path = fsspec.core.url_to_fs(url)
-        self._local = self._fs.protocol in ("file", ("file", "local")) or "file" in self._fs.protocol
+        self._local = (
+            self._fs.protocol in ("file", ("file", "local")) or "file" in self._fs.protocol
+        )
 
     def load(self) -> ClusterMetadata | None:
         """The saved metadata, or None if nothing was saved yet."""

@@ -82,7 +82,11 @@ class _NodeLink:
                     if not self.up:
                         self.up = True
                         self.server.node_connected(self.address)
-                    self.server.step(NodeStatus(self.address, tuple(wire.shard_status_from_pb(s) for s in report.shards)))
+                    self.server.step(
+                        NodeStatus(
+                            self.address, tuple(wire.shard_status_from_pb(s) for s in report.shards)
+                        )
+                    )
                     self.server.remember_report(self.address, report)
             except grpc.aio.AioRpcError as e:
                 log.debug("health stream to %s ended: %s", self.address, e.code())
@@ -116,9 +120,13 @@ class CoordinatorServer:
         loop = asyncio.get_running_loop()
         metadata = await loop.run_in_executor(None, self.store.load)
         if metadata is None:
-            metadata = initial_metadata(self.config.nodes, self.config.namespaces, self.config.replication_factor)
+            metadata = initial_metadata(
+                self.config.nodes, self.config.namespaces, self.config.replication_factor
+            )
             await loop.run_in_executor(None, self.store.save, metadata)
-            log.info("new cluster: %d shards over %s", len(metadata.shards), ", ".join(self.config.nodes))
+            log.info(
+                "new cluster: %d shards over %s", len(metadata.shards), ", ".join(self.config.nodes)
+            )
         else:
             missing = sorted(placed_nodes(metadata) - set(self.config.nodes))
             if missing:
@@ -128,8 +136,14 @@ class CoordinatorServer:
                     f"({', '.join(self.config.nodes)}); quorumstore does not move shards between nodes, so start "
                     "the nodes at the addresses they had, or use a new metadata location for a new cluster"
                 )
-            log.info("resuming cluster metadata version %d from %s", metadata.version, self.config.metadata_url)
-        config = CoordinatorConfig(replication_factor=self.config.replication_factor, max_lag=self.config.max_lag)
+            log.info(
+                "resuming cluster metadata version %d from %s",
+                metadata.version,
+                self.config.metadata_url,
+            )
+        config = CoordinatorConfig(
+            replication_factor=self.config.replication_factor, max_lag=self.config.max_lag
+        )
         self.engine = Coordinator(self.config.nodes, metadata, config)
         for address in self.config.nodes:
             self._links[address] = _NodeLink(self, address)
@@ -138,7 +152,9 @@ class CoordinatorServer:
         if self.config.admin_port is not None:
             self._admin = grpc.aio.server(options=GRPC_OPTIONS)
             pb_grpc.add_CoordinatorAdminServicer_to_server(_Admin(self), self._admin)
-            port = self._admin.add_insecure_port(f"{self.config.admin_host}:{self.config.admin_port}")
+            port = self._admin.add_insecure_port(
+                f"{self.config.admin_host}:{self.config.admin_port}"
+            )
             if port == 0:
                 raise OSError(f"cannot listen on {self.config.admin_host}:{self.config.admin_port}")
             self.admin_address = f"{self.config.admin_host}:{port}"
@@ -170,7 +186,9 @@ class CoordinatorServer:
     def node_connected(self, node: str) -> None:
         """A (re)connected node may have lost its assignment table: send it again."""
         assert self.engine is not None
-        self._spawn(self._push_assignments(wire.assignments_from_metadata(self.engine.metadata), [node]))
+        self._spawn(
+            self._push_assignments(wire.assignments_from_metadata(self.engine.metadata), [node])
+        )
 
     async def _tick_loop(self) -> None:
         assert self.engine is not None
@@ -204,9 +222,23 @@ class CoordinatorServer:
         if isinstance(msg, StatusRequest):
             link.ping()
         elif isinstance(msg, NewTerm):
-            self._spawn(self._call(link, link.stub.NewTerm, wire.new_term_to_pb(msg), wire.new_term_response_from_pb))
+            self._spawn(
+                self._call(
+                    link,
+                    link.stub.NewTerm,
+                    wire.new_term_to_pb(msg),
+                    wire.new_term_response_from_pb,
+                )
+            )
         elif isinstance(msg, BecomeLeader):
-            self._spawn(self._call(link, link.stub.BecomeLeader, wire.become_leader_to_pb(msg), wire.become_leader_response_from_pb))
+            self._spawn(
+                self._call(
+                    link,
+                    link.stub.BecomeLeader,
+                    wire.become_leader_to_pb(msg),
+                    wire.become_leader_response_from_pb,
+                )
+            )
         elif isinstance(msg, AddFollower):
             self._spawn(self._call(link, link.stub.AddFollower, wire.add_follower_to_pb(msg), None))
 
@@ -214,7 +246,13 @@ class CoordinatorServer:
         try:
             response = await method(request, timeout=10)
         except grpc.aio.AioRpcError as e:
-            log.debug("%s to %s failed: %s %s", type(request).__name__, link.address, e.code(), e.details())
+            log.debug(
+                "%s to %s failed: %s %s",
+                type(request).__name__,
+                link.address,
+                e.code(),
+                e.details(),
+            )
             return
         if convert is not None:
             self.step(convert(response, link.address))
@@ -231,7 +269,9 @@ class CoordinatorServer:
 
     def cluster_status(self) -> pb.ClusterStatus:
         assert self.engine is not None
-        replicas = [s for node, r in sorted(self._reports.items()) for s in _with_node(r.shards, node)]
+        replicas = [
+            s for node, r in sorted(self._reports.items()) for s in _with_node(r.shards, node)
+        ]
         return pb.ClusterStatus(
             metadata=wire.metadata_to_pb(self.engine.metadata),
             replicas=replicas,
@@ -253,5 +293,7 @@ class _Admin(pb_grpc.CoordinatorAdminServicer):
     def __init__(self, server: CoordinatorServer):
         self.server = server
 
-    async def GetClusterStatus(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.ClusterStatus:
+    async def GetClusterStatus(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> pb.ClusterStatus:
         return self.server.cluster_status()

@@ -89,10 +89,14 @@ class Node:
         self._client_api = OxiaClientServicer(self)
         oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(self._client_api, self._server)
         self._data_api = QuorumstoreDataServicer(self, self.config.data_dir / "data-staging")
-        quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(self._data_api, self._server)
+        quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(
+            self._data_api, self._server
+        )
         port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if port == 0:
-            raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: the port is taken or not allowed")
+            raise OSError(
+                f"cannot listen on {self.config.host}:{self.config.port}: the port is taken or not allowed"
+            )
         self.name = f"{self.config.advertise_host or self.config.host}:{port}"
         _import_pyarrow_pandas_shim()
         self._open_existing_shards()
@@ -129,7 +133,8 @@ class Node:
                 log.warning(
                     "node %s: event loop stalled %.0f ms; health reports to the coordinator wait "
                     "meanwhile, and a long enough stall gets the shards this node leads re-elected",
-                    self.name, late * 1000,
+                    self.name,
+                    late * 1000,
                 )
             for host in list(self.hosts.values()):
                 try:
@@ -196,7 +201,9 @@ class Node:
             node_name=self.name,
             sequence=self._report_sequence,
             ping_sequence=ping_sequence,
-            shards=[wire.shard_status_to_pb(h.replica.status()) for _, h in sorted(self.hosts.items())],
+            shards=[
+                wire.shard_status_to_pb(h.replica.status()) for _, h in sorted(self.hosts.items())
+            ],
         )
 
 
@@ -223,7 +230,9 @@ class _NodeControl(pb_grpc.NodeControlServicer):
     def __init__(self, node: Node):
         self.node = node
 
-    async def NewTerm(self, request: pb.NewTermRequest, context: grpc.aio.ServicerContext) -> pb.NewTermResponse:
+    async def NewTerm(
+        self, request: pb.NewTermRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NewTermResponse:
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard) or self.node._open_host(shard)
         reply = self.node.transport.expect(NewTermResponse, shard)
@@ -231,35 +240,56 @@ class _NodeControl(pb_grpc.NodeControlServicer):
         response = await _await_reply(reply, context, f"NewTerm {request.term} for {shard}")
         return wire.new_term_response_to_pb(response)
 
-    async def BecomeLeader(self, request: pb.BecomeLeaderRequest, context: grpc.aio.ServicerContext) -> pb.BecomeLeaderResponse:
+    async def BecomeLeader(
+        self, request: pb.BecomeLeaderRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BecomeLeaderResponse:
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard)
         if host is None:
-            await abort(context, grpc.StatusCode.NOT_FOUND, f"shard {shard} is not hosted on {self.node.name}")
+            await abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"shard {shard} is not hosted on {self.node.name}",
+            )
         reply = self.node.transport.expect(BecomeLeaderResponse, shard)
         host.step(wire.become_leader_from_pb(request))
         response = await _await_reply(reply, context, f"BecomeLeader {request.term} for {shard}")
         return wire.become_leader_response_to_pb(response)
 
-    async def AddFollower(self, request: pb.AddFollowerRequest, context: grpc.aio.ServicerContext) -> pb.AddFollowerResponse:
+    async def AddFollower(
+        self, request: pb.AddFollowerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AddFollowerResponse:
         self.node.deliver((request.namespace, request.shard), wire.add_follower_from_pb(request))
         return pb.AddFollowerResponse()
 
-    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:
+    async def GetStatus(
+        self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatusResponse:
         host = self.node.hosts.get((request.namespace, request.shard))
         if host is None:
-            return pb.GetStatusResponse(namespace=request.namespace, shard=request.shard, role=pb.NOT_MEMBER, term=-1)
+            return pb.GetStatusResponse(
+                namespace=request.namespace, shard=request.shard, role=pb.NOT_MEMBER, term=-1
+            )
         s = wire.shard_status_to_pb(host.replica.status())
         return pb.GetStatusResponse(
-            namespace=s.namespace, shard=s.shard, term=s.term, role=s.role, head=s.head,
-            commit_offset=s.commit_offset, followers=s.followers,
+            namespace=s.namespace,
+            shard=s.shard,
+            term=s.term,
+            role=s.role,
+            head=s.head,
+            commit_offset=s.commit_offset,
+            followers=s.followers,
         )
 
-    async def Health(self, request_iterator: AsyncIterator[pb.HealthPing], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.HealthReport]:
+    async def Health(
+        self, request_iterator: AsyncIterator[pb.HealthPing], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.HealthReport]:
         async for ping in request_iterator:
             yield self.node.health_report(ping.ping_sequence)
 
-    async def PushShardAssignments(self, request: pb.ShardAssignmentsUpdate, context: grpc.aio.ServicerContext) -> pb.Empty:
+    async def PushShardAssignments(
+        self, request: pb.ShardAssignmentsUpdate, context: grpc.aio.ServicerContext
+    ) -> pb.Empty:
         self.node.set_assignments(request)
         return pb.Empty()
 
@@ -315,7 +345,9 @@ class _Replication(pb_grpc.ReplicationServicer):
     def __init__(self, node: Node):
         self.node = node
 
-    async def Replicate(self, request_iterator: AsyncIterator[pb.Append], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Ack]:
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.Append], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Ack]:
         queue: asyncio.Queue[pb.Ack | None] = asyncio.Queue()
         inbound = self.node.transport.inbound
         keys: set[tuple[ShardKey, str]] = set()
@@ -342,17 +374,25 @@ class _Replication(pb_grpc.ReplicationServicer):
                 if inbound.get(key) is queue:
                     del inbound[key]
 
-    async def Truncate(self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext) -> pb.TruncateResponse:
+    async def Truncate(
+        self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TruncateResponse:
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard)
         if host is None:
-            await abort(context, grpc.StatusCode.NOT_FOUND, f"shard {shard} is not hosted on {self.node.name}")
+            await abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"shard {shard} is not hosted on {self.node.name}",
+            )
         reply = self.node.transport.expect(TruncateResponse, shard, request.leader_name)
         host.step(wire.truncate_from_pb(request))
         response = await _await_reply(reply, context, f"Truncate for {shard}")
         return wire.truncate_response_to_pb(response)
 
-    async def SendSnapshot(self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext) -> pb.SnapshotResponse:
+    async def SendSnapshot(
+        self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext
+    ) -> pb.SnapshotResponse:
         """Stages the streamed snapshot into a fresh KV as it arrives, then installs it."""
         first: pb.SnapshotChunk | None = None
         host: ShardHost | None = None
@@ -364,7 +404,11 @@ class _Replication(pb_grpc.ReplicationServicer):
                     shard = (chunk.namespace, chunk.shard)
                     host = self.node.hosts.get(shard)
                     if host is None or not host.can_install_snapshot(chunk.term, chunk.leader_name):
-                        await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"not accepting a snapshot for {shard} in term {chunk.term}")
+                        await abort(
+                            context,
+                            grpc.StatusCode.FAILED_PRECONDITION,
+                            f"not accepting a snapshot for {shard} in term {chunk.term}",
+                        )
                     stager = _SnapshotStager(host.staging_directory())
                 assert stager is not None
                 await stager.feed(chunk.data)
@@ -384,4 +428,9 @@ class _Replication(pb_grpc.ReplicationServicer):
         staging = stager.directory
         position = wire.position_from_pb(first.position)
         head = host.install_staged_snapshot(first.term, first.leader_name, position, staging)
-        return pb.SnapshotResponse(namespace=first.namespace, shard=first.shard, term=host.replica.term, head=wire.position_to_pb(head))
+        return pb.SnapshotResponse(
+            namespace=first.namespace,
+            shard=first.shard,
+            term=host.replica.term,
+            head=wire.position_to_pb(head),
+        )

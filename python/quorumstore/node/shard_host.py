@@ -138,9 +138,18 @@ class ShardHost:
         if applied.offset > head.offset:
             # The KV holds committed entries the WAL lost (never synced here): restart the
             # log right after them.
-            log.info("%s %s: KV applied %s is past the WAL head %s; resetting the WAL", self.node, self.shard, applied, head)
+            log.info(
+                "%s %s: KV applied %s is past the WAL head %s; resetting the WAL",
+                self.node,
+                self.shard,
+                applied,
+                head,
+            )
             self.wal.reset(applied)
-        elif applied.offset >= max(base.offset, 0) and self.wal.position_at(applied.offset).checksum != applied.checksum:
+        elif (
+            applied.offset >= max(base.offset, 0)
+            and self.wal.position_at(applied.offset).checksum != applied.checksum
+        ):
             raise RuntimeError(
                 f"shard {self.shard} in {self.directory}: the KV applied entry {applied} is not the WAL's "
                 "entry at that offset; the data directory is corrupt - remove it so the replica rejoins by snapshot"
@@ -218,7 +227,9 @@ class ShardHost:
             shutil.rmtree(path)
         return path
 
-    def install_staged_snapshot(self, term: int, leader: str, position: LogPosition, staged_kv: Path) -> LogPosition:
+    def install_staged_snapshot(
+        self, term: int, leader: str, position: LogPosition, staged_kv: Path
+    ) -> LogPosition:
         """Hands a fully received snapshot to the engine; swaps it in if accepted."""
         self._staged_snapshot = (position, staged_kv)
         try:
@@ -346,7 +357,9 @@ class ShardHost:
         applied = self.machine.applied_position.offset
         if upto <= applied:
             return
-        entries = self.wal.read(applied + 1, min(_APPLY_CHUNK_ENTRIES, upto - applied), _APPLY_CHUNK_BYTES)
+        entries = self.wal.read(
+            applied + 1, min(_APPLY_CHUNK_ENTRIES, upto - applied), _APPLY_CHUNK_BYTES
+        )
         results = self.machine.apply(entries)
         for entry, result in zip(entries, results):
             future = self._pending.pop(entry.offset, None)
@@ -383,14 +396,17 @@ class ShardHost:
         future = asyncio.get_running_loop().run_in_executor(self._io, kv.flush)
         future.add_done_callback(lambda done: self._trim_after_flush(done, kv, upto + 1))
 
-    def _trim_after_flush(
-        self, flushed: asyncio.Future[None], kv: RocksKv, offset: int
-    ) -> None:
+    def _trim_after_flush(self, flushed: asyncio.Future[None], kv: RocksKv, offset: int) -> None:
         self._trim_in_flight = False
         if self._closed or kv is not self.kv:  # closed, or a snapshot replaced the KV meanwhile
             return
         if flushed.exception() is not None:
-            log.warning("%s %s: flushing the KV before a WAL trim failed: %s", self.node, self.shard, flushed.exception())
+            log.warning(
+                "%s %s: flushing the KV before a WAL trim failed: %s",
+                self.node,
+                self.shard,
+                flushed.exception(),
+            )
             return
         if offset > self.wal.base.offset + 1:  # a snapshot install may have moved the base past it
             self.wal.trim_before(offset)
@@ -401,7 +417,9 @@ class ShardHost:
         for future in pending.values():
             if not future.done():
                 future.set_exception(
-                    NotLeaderError(self.shard, self.replica.role, self.replica.term, self.replica.leader)
+                    NotLeaderError(
+                        self.shard, self.replica.role, self.replica.term, self.replica.leader
+                    )
                 )
 
     # ------------------------------------------------------------------ lifecycle

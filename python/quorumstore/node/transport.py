@@ -83,7 +83,9 @@ class NodeTransport:
         self._streams: dict[tuple[ShardKey, str], _ReplicateStream] = {}
         #: follower side: (shard, leader) -> the response queue of that leader's stream
         self.inbound: dict[tuple[ShardKey, str], asyncio.Queue[pb.Ack | None]] = {}
-        self._waiters: dict[tuple[type, ShardKey, str], list[asyncio.Future[Any]]] = defaultdict(list)
+        self._waiters: dict[tuple[type, ShardKey, str], list[asyncio.Future[Any]]] = defaultdict(
+            list
+        )
         self._tasks: set[asyncio.Task[None]] = set()
 
     def channel(self, address: str) -> grpc.aio.Channel:
@@ -185,7 +187,9 @@ class NodeTransport:
         finally:
             view.close()
         head = wire.position_from_pb(response.head)
-        self.node.deliver(shard, Ack(shard, response.term, request.follower, AckStatus.OK, head.offset, head))
+        self.node.deliver(
+            shard, Ack(shard, response.term, request.follower, AckStatus.OK, head.offset, head)
+        )
 
     async def close(self) -> None:
         for stream in list(self._streams.values()):

@@ -102,7 +102,9 @@ def initial_metadata(
             high = (i + 1) * HASH_SPACE // count - 1
             ensemble = tuple(nodes[(placement + k) % len(nodes)] for k in range(replication_factor))
             placement += 1
-            shards[(namespace, i)] = ShardMetadata((namespace, i), ensemble, (low, high), eligible=frozenset(ensemble))
+            shards[(namespace, i)] = ShardMetadata(
+                (namespace, i), ensemble, (low, high), eligible=frozenset(ensemble)
+            )
     return ClusterMetadata(0, shards)
 
 
@@ -150,7 +152,12 @@ class CoordinatorReady:
 
 
 class Coordinator:
-    def __init__(self, nodes: list[str], metadata: ClusterMetadata, config: CoordinatorConfig = CoordinatorConfig()):
+    def __init__(
+        self,
+        nodes: list[str],
+        metadata: ClusterMetadata,
+        config: CoordinatorConfig = CoordinatorConfig(),
+    ):
         self.nodes = list(nodes)
         self.config = config
         self._meta = dict(metadata.shards)
@@ -201,7 +208,9 @@ class Coordinator:
             self._last_seen[msg.node] = _UNREACHABLE
 
     def ready(self) -> CoordinatorReady:
-        ready = CoordinatorReady(self.metadata if self._dirty else None, self._out, self._assignments_changed)
+        ready = CoordinatorReady(
+            self.metadata if self._dirty else None, self._out, self._assignments_changed
+        )
         self._out = []
         self._dirty = False
         self._assignments_changed = False
@@ -241,7 +250,9 @@ class Coordinator:
                 self.start_election(key, f"leader {self._failure(meta.leader)}")
             return
         if election is None or election.term != meta.term:
-            self.start_election(key, f"no election under way for term {meta.term} (state {meta.state.value})")
+            self.start_election(
+                key, f"no election under way for term {meta.term} (state {meta.state.value})"
+            )
             return
         for node in meta.ensemble:
             if node not in election.responses and self._now >= self._retry_at.get((key, node), 0):
@@ -249,7 +260,10 @@ class Coordinator:
         if election.candidate is not None:
             election.ticks_since_become_leader += 1
             if election.ticks_since_become_leader > self.config.become_leader_timeout_ticks:
-                self.start_election(key, f"{election.candidate} did not confirm BecomeLeader in {self.config.become_leader_timeout_ticks} ticks")
+                self.start_election(
+                    key,
+                    f"{election.candidate} did not confirm BecomeLeader in {self.config.become_leader_timeout_ticks} ticks",
+                )
             return
         if election.ticks_since_majority >= 0:
             election.ticks_since_majority += 1
@@ -272,7 +286,10 @@ class Coordinator:
             return
         if len(election.responses) == len(meta.ensemble):
             self._try_elect(msg.shard, election)
-        elif len(election.responses) >= majority(len(meta.ensemble)) and election.ticks_since_majority < 0:
+        elif (
+            len(election.responses) >= majority(len(meta.ensemble))
+            and election.ticks_since_majority < 0
+        ):
             election.ticks_since_majority = 0
 
     def _try_elect(self, key: ShardKey, election: _Election) -> None:
@@ -290,7 +307,9 @@ class Coordinator:
                 self._update(key, state=ShardState.OFFLINE)
             return
         election.candidate = choice.leader
-        followers = {node: r.head for node, r in election.responses.items() if node != choice.leader}
+        followers = {
+            node: r.head for node, r in election.responses.items() if node != choice.leader
+        }
         self._out.append(
             Outbound(choice.leader, BecomeLeader(key, election.term, len(meta.ensemble), followers))
         )
@@ -300,7 +319,9 @@ class Coordinator:
         load: dict[str, int] = {}
         for key, meta in self._meta.items():
             election = self._elections.get(key)
-            leader = meta.leader if meta.state is ShardState.ONLINE else election and election.candidate
+            leader = (
+                meta.leader if meta.state is ShardState.ONLINE else election and election.candidate
+            )
             if leader:
                 load[leader] = load.get(leader, 0) + 1
         return load
@@ -308,7 +329,12 @@ class Coordinator:
     def _on_become_leader_response(self, msg: BecomeLeaderResponse) -> None:
         meta = self._meta.get(msg.shard)
         election = self._elections.get(msg.shard)
-        if meta is None or election is None or msg.term != meta.term or msg.node != election.candidate:
+        if (
+            meta is None
+            or election is None
+            or msg.term != meta.term
+            or msg.node != election.candidate
+        ):
             return
         if meta.state is ShardState.ONLINE:
             return
@@ -316,14 +342,20 @@ class Coordinator:
         election.online_at = self._now
         self._assignments_changed = True
         for node, response in election.responses.items():
-            if node != msg.node and response.term == meta.term and node not in self._follower_map_of(election):
+            if (
+                node != msg.node
+                and response.term == meta.term
+                and node not in self._follower_map_of(election)
+            ):
                 self._add_follower(msg.shard, meta, node, response)
 
     @staticmethod
     def _follower_map_of(election: _Election) -> set[str]:
         return {n for n in election.responses if n != election.candidate}
 
-    def _add_follower(self, key: ShardKey, meta: ShardMetadata, node: str, response: NewTermResponse | ShardStatus) -> None:
+    def _add_follower(
+        self, key: ShardKey, meta: ShardMetadata, node: str, response: NewTermResponse | ShardStatus
+    ) -> None:
         assert meta.leader is not None
         self._retry_at[(key, node)] = self._now + self.config.retry_ticks
         self._out.append(Outbound(meta.leader, AddFollower(key, meta.term, node, response.head)))
@@ -347,14 +379,20 @@ class Coordinator:
             else:
                 self._on_member_status(key, meta, msg.node, status)
 
-    def _on_leader_status(self, key: ShardKey, meta: ShardMetadata, status: ShardStatus | None) -> None:
+    def _on_leader_status(
+        self, key: ShardKey, meta: ShardMetadata, status: ShardStatus | None
+    ) -> None:
         if self._made_before_taking_office(key, status, meta.term):
             return
         if status is None or status.role is not Role.LEADER or status.term != meta.term:
             seen = "no replica" if status is None else f"{status.role.name} in term {status.term}"
             self.start_election(key, f"leader {meta.leader} reports {seen}")
             return
-        in_sync = {f.name for f in status.followers if status.commit_offset - f.acked_offset <= self.config.max_lag}
+        in_sync = {
+            f.name
+            for f in status.followers
+            if status.commit_offset - f.acked_offset <= self.config.max_lag
+        }
         eligible = frozenset(in_sync | {meta.leader})
         commit = max(meta.known_commit_offset, status.commit_offset)
         if eligible != meta.eligible:
@@ -363,7 +401,9 @@ class Coordinator:
             # Kept in memory between saves: a stale value on disk only makes elections stricter.
             self._meta[key] = replace(meta, known_commit_offset=commit)
 
-    def _made_before_taking_office(self, key: ShardKey, status: ShardStatus | None, term: int) -> bool:
+    def _made_before_taking_office(
+        self, key: ShardKey, status: ShardStatus | None, term: int
+    ) -> bool:
         """Whether a new leader's report was made before it handled BecomeLeader.
 
         Health reports and BecomeLeader answers travel on different gRPC calls and can be
@@ -383,7 +423,9 @@ class Coordinator:
             and status.head.term < term
         )
 
-    def _on_member_status(self, key: ShardKey, meta: ShardMetadata, node: str, status: ShardStatus | None) -> None:
+    def _on_member_status(
+        self, key: ShardKey, meta: ShardMetadata, node: str, status: ShardStatus | None
+    ) -> None:
         if self._now < self._retry_at.get((key, node), 0):
             return
         term = status.term if status is not None else NO_TERM

@@ -32,7 +32,13 @@ def rank(
     member of the live replica set, then the node leading fewest shards (to spread
     leaders over the nodes), then the name, breaks the tie."""
     load = leader_load.get(candidate.node, 0) if leader_load else 0
-    return (candidate.head.term, candidate.head.offset, candidate.node in eligible, -load, candidate.node)
+    return (
+        candidate.head.term,
+        candidate.head.offset,
+        candidate.node in eligible,
+        -load,
+        candidate.node,
+    )
 
 
 def choose_leader(
@@ -56,7 +62,9 @@ def choose_leader(
         return Choice(None, "no NewTerm responses")
     best = max(responses, key=lambda c: rank(c, eligible, leader_load))
     if best.node not in eligible and len(responses) < ensemble_size:
-        return Choice(None, f"best candidate {best.node} {best.head.entry_id} is not in the live replica set")
+        return Choice(
+            None, f"best candidate {best.node} {best.head.entry_id} is not in the live replica set"
+        )
     if best.head.offset < known_commit_offset:
         return Choice(
             None,

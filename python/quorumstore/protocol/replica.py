@@ -217,7 +217,14 @@ class ShardReplica:
             head = self._log.head
             self._send(
                 self.leader,
-                Ack(self.shard, self.term, self.node, AckStatus.OK, min(head.offset, self._matched), head),
+                Ack(
+                    self.shard,
+                    self.term,
+                    self.node,
+                    AckStatus.OK,
+                    min(head.offset, self._matched),
+                    head,
+                ),
                 after_sync=True,
             )
         ready, self._ready = self._ready, Ready()
@@ -243,9 +250,12 @@ class ShardReplica:
         followers: tuple[FollowerStatus, ...] = ()
         if self.role is Role.LEADER:
             followers = tuple(
-                FollowerStatus(c.name, c.acked_offset) for c in sorted(self._cursors.values(), key=lambda c: c.name)
+                FollowerStatus(c.name, c.acked_offset)
+                for c in sorted(self._cursors.values(), key=lambda c: c.name)
             )
-        return ShardStatus(self.shard, self.term, self.role, self._log.head, self.commit_offset, followers)
+        return ShardStatus(
+            self.shard, self.term, self.role, self._log.head, self.commit_offset, followers
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -262,7 +272,9 @@ class ShardReplica:
         self.role = new_role
 
     def _send(self, to: str, msg: Message, *, after_sync: bool = False) -> None:
-        (self._ready.send_after_sync if after_sync else self._ready.send_now).append(Outbound(to, msg))
+        (self._ready.send_after_sync if after_sync else self._ready.send_now).append(
+            Outbound(to, msg)
+        )
 
     def _enter_term(self, term: int) -> None:
         self._transition(Trigger.NEW_TERM)
@@ -279,14 +291,18 @@ class ShardReplica:
             return  # stale or duplicate: NewTerm only moves a replica forward
         if msg.term > self.term:
             self._enter_term(msg.term)
-        response = NewTermResponse(self.shard, self.term, self.node, self._log.head, self.commit_offset)
+        response = NewTermResponse(
+            self.shard, self.term, self.node, self._log.head, self.commit_offset
+        )
         self._send(COORDINATOR, response, after_sync=True)
 
     def _on_become_leader(self, msg: BecomeLeader) -> None:
         if msg.term != self.term:
             return
         if self.role is Role.LEADER:
-            self._send(COORDINATOR, BecomeLeaderResponse(self.shard, self.term, self.node, self._log.head))
+            self._send(
+                COORDINATOR, BecomeLeaderResponse(self.shard, self.term, self.node, self._log.head)
+            )
             return
         if self.role is not Role.FENCED:
             return
@@ -298,14 +314,18 @@ class ShardReplica:
             if name != self.node:
                 self._start_following(name, head)
         self._send(
-            COORDINATOR, BecomeLeaderResponse(self.shard, self.term, self.node, self._log.head), after_sync=True
+            COORDINATOR,
+            BecomeLeaderResponse(self.shard, self.term, self.node, self._log.head),
+            after_sync=True,
         )
 
     def _on_add_follower(self, msg: AddFollower) -> None:
         if msg.term != self.term or self.role is not Role.LEADER or msg.follower == self.node:
             return
         existing = self._cursors.get(msg.follower)
-        if existing is not None and (existing.acked_offset >= 0 or existing.state is CursorState.SNAPSHOT):
+        if existing is not None and (
+            existing.acked_offset >= 0 or existing.state is CursorState.SNAPSHOT
+        ):
             # Already following in this term, or a snapshot to it is under way (the
             # coordinator repeats AddFollower while the follower stays fenced, i.e. until
             # the snapshot is installed): a late duplicate must not reset it.
@@ -359,14 +379,19 @@ class ShardReplica:
 
     def _send_truncate(self, cursor: FollowCursor) -> None:
         assert cursor.truncate_to is not None and cursor.truncate_from is not None
-        self._send(cursor.name, Truncate(self.shard, self.term, self.node, cursor.truncate_to, cursor.truncate_from))
+        self._send(
+            cursor.name,
+            Truncate(self.shard, self.term, self.node, cursor.truncate_to, cursor.truncate_from),
+        )
 
     def _start_snapshot(self, cursor: FollowCursor) -> None:
         cursor.state = CursorState.SNAPSHOT
         cursor.truncate_to = cursor.truncate_from = None
         self._ready.snapshots.append(SendSnapshot(self.shard, self.term, cursor.name))
 
-    def _send_append(self, cursor: FollowCursor, *, heartbeat: bool = False, commit: bool = False) -> None:
+    def _send_append(
+        self, cursor: FollowCursor, *, heartbeat: bool = False, commit: bool = False
+    ) -> None:
         """Pushes what the follower lacks. With nothing to push, an empty Append goes out
         as a heartbeat (or probe), or, with `commit`, when the follower has not been told
         the commit offset yet.
@@ -388,12 +413,22 @@ class ShardReplica:
             and batches > 0
         ):
             batches -= 1
-            budget = min(cfg.max_append_entries, cfg.max_inflight_entries - (cursor.last_pushed - cursor.acked_offset))
+            budget = min(
+                cfg.max_append_entries,
+                cfg.max_inflight_entries - (cursor.last_pushed - cursor.acked_offset),
+            )
             entries = tuple(self._log.read(cursor.next_offset, budget, cfg.max_append_bytes))
             if not entries:
                 break
-            prev = self._log.position_at(cursor.next_offset - 1) if cursor.next_offset > 0 else EMPTY_POSITION
-            self._send(cursor.name, Append(self.shard, self.term, self.node, prev, entries, self.commit_offset))
+            prev = (
+                self._log.position_at(cursor.next_offset - 1)
+                if cursor.next_offset > 0
+                else EMPTY_POSITION
+            )
+            self._send(
+                cursor.name,
+                Append(self.shard, self.term, self.node, prev, entries, self.commit_offset),
+            )
             cursor.next_offset = entries[-1].offset + 1
             sent = True
         if sent:
@@ -405,12 +440,18 @@ class ShardReplica:
             prev = self._log.position_at(prev_offset) if prev_offset >= 0 else EMPTY_POSITION
             if prev_offset < self._log.base.offset:
                 return
-            self._send(cursor.name, Append(self.shard, self.term, self.node, prev, (), self.commit_offset))
+            self._send(
+                cursor.name, Append(self.shard, self.term, self.node, prev, (), self.commit_offset)
+            )
             self._sent_commit[cursor.name] = self.commit_offset
 
     def _on_ack(self, msg: Ack) -> None:
         if msg.term != self.term:
-            if msg.status is AckStatus.STALE_TERM and msg.term > self.term and self.role is Role.LEADER:
+            if (
+                msg.status is AckStatus.STALE_TERM
+                and msg.term > self.term
+                and self.role is Role.LEADER
+            ):
                 self._enter_term(msg.term)  # deposed: a newer term exists (seed 002)
             return
         if self.role is not Role.LEADER:
@@ -460,7 +501,10 @@ class ShardReplica:
     def _refuse_stale(self, leader: str, term: int) -> bool:
         """True when a leader's message must be ignored; tells a stale leader so (seed 002)."""
         if term < self.term:
-            self._send(leader, Ack(self.shard, self.term, self.node, AckStatus.STALE_TERM, -1, self._log.head))
+            self._send(
+                leader,
+                Ack(self.shard, self.term, self.node, AckStatus.STALE_TERM, -1, self._log.head),
+            )
             return True
         if term > self.term or self.role not in (Role.FENCED, Role.FOLLOWER):
             return True  # a term we were not fenced into: only NewTerm moves us forward
@@ -472,10 +516,22 @@ class ShardReplica:
         log = self._log
         head, base, prev = log.head, log.base, msg.prev
         if prev.offset > head.offset:
-            self._send(msg.leader, Ack(self.shard, self.term, self.node, AckStatus.GAP, -1, head), after_sync=True)
+            self._send(
+                msg.leader,
+                Ack(self.shard, self.term, self.node, AckStatus.GAP, -1, head),
+                after_sync=True,
+            )
             return
-        if prev.offset >= base.offset and prev.offset >= 0 and log.position_at(prev.offset).checksum != prev.checksum:
-            self._send(msg.leader, Ack(self.shard, self.term, self.node, AckStatus.MISMATCH, -1, head), after_sync=True)
+        if (
+            prev.offset >= base.offset
+            and prev.offset >= 0
+            and log.position_at(prev.offset).checksum != prev.checksum
+        ):
+            self._send(
+                msg.leader,
+                Ack(self.shard, self.term, self.node, AckStatus.MISMATCH, -1, head),
+                after_sync=True,
+            )
             return
         self._transition(Trigger.REPLICATE)
         self.leader = msg.leader
@@ -518,7 +574,9 @@ class ShardReplica:
         self._transition(Trigger.TRUNCATE)
         self.leader = msg.leader
         self._send(
-            msg.leader, TruncateResponse(self.shard, self.term, self.node, self._log.head), after_sync=True
+            msg.leader,
+            TruncateResponse(self.shard, self.term, self.node, self._log.head),
+            after_sync=True,
         )
 
     def _on_snapshot(self, msg: SnapshotReceived) -> None:
@@ -541,8 +599,10 @@ class ShardReplica:
 
     def can_install_snapshot(self, term: int, leader: str) -> bool:
         """Whether a snapshot streamed by `leader` in `term` would be accepted now."""
-        return term == self.term and self.role in (Role.FENCED, Role.FOLLOWER) and (
-            self.role is Role.FENCED or self.leader == leader
+        return (
+            term == self.term
+            and self.role in (Role.FENCED, Role.FOLLOWER)
+            and (self.role is Role.FENCED or self.leader == leader)
         )
 
 

@@ -43,7 +43,12 @@ def decode_serial_record(data: bytes) -> tuple[int, int, bytes]:
 
 
 def serial_changes(
-    kv: KvReader, client_id: str, serial: int, timestamp_ms: int, results: bytes, previous: bytes | None
+    kv: KvReader,
+    client_id: str,
+    serial: int,
+    timestamp_ms: int,
+    results: bytes,
+    previous: bytes | None,
 ) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
     """Puts and deletes that record `serial` as the client's latest and expire old clients."""
     puts = [
@@ -62,4 +67,3 @@ def serial_changes(
             deletes.append(index_key)
             deletes.append(_SERIAL_PREFIX + expired_client)
     return puts, deletes
-
