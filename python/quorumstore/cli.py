@@ -27,6 +27,7 @@ from quorumstore import event_loops
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 
 if TYPE_CHECKING:
+    from quorumstore.coordinator.server import CoordinatorServer
     from quorumstore.node.shard_host import WalRetention
 
 DEFAULT_CLIENT_PORT = 6648
@@ -95,14 +96,16 @@ async def _wait_for_signal() -> None:
     await stop.wait()
 
 
-async def _wait_until_online(coordinator: object, timeout_s: float) -> None:
+async def _wait_until_online(coordinator: CoordinatorServer, timeout_s: float) -> int:
+    """Waits until every shard has a leader; returns how many shards there are."""
     from quorumstore.protocol.coordinator import ShardState
 
+    assert coordinator.engine is not None, "the coordinator is not started"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        meta = coordinator.engine.metadata  # type: ignore[attr-defined]
+        meta = coordinator.engine.metadata
         if all(m.state is ShardState.ONLINE for m in meta.shards.values()):
-            return
+            return len(meta.shards)
         await asyncio.sleep(0.05)
     raise CliError(f"shards did not all elect a leader within {timeout_s:.0f} s; see the log above")
 
@@ -211,10 +214,10 @@ async def _run_standalone(args: argparse.Namespace) -> None:
             )
         )
         await coordinator.start()
-        await _wait_until_online(coordinator, 30)
+        shards = await _wait_until_online(coordinator, 30)
         print(f"quorumstore standalone listening on {address}", flush=True)
         print(
-            f"  shards: {args.shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}",
+            f"  shards: {shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}",
             flush=True,
         )
         await _wait_for_signal()

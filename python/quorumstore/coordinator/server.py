@@ -23,6 +23,7 @@ from quorumstore.node.transport import GRPC_OPTIONS
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.coordinator import (
+    ClusterMetadata,
     Coordinator,
     CoordinatorConfig,
     initial_metadata,
@@ -136,6 +137,7 @@ class CoordinatorServer:
                     f"({', '.join(self.config.nodes)}); quorumstore does not move shards between nodes, so start "
                     "the nodes at the addresses they had, or use a new metadata location for a new cluster"
                 )
+            _warn_on_other_namespaces(metadata, self.config)
             log.info(
                 "resuming cluster metadata version %d from %s",
                 metadata.version,
@@ -276,6 +278,26 @@ class CoordinatorServer:
             metadata=wire.metadata_to_pb(self.engine.metadata),
             replicas=replicas,
             nodes_alive={node: link.up for node, link in self._links.items()},
+        )
+
+
+def _warn_on_other_namespaces(metadata: ClusterMetadata, config: CoordinatorServerConfig) -> None:
+    """Shard counts are initial, as in Oxia: saved metadata keeps its namespaces and shard
+    counts whatever a restart asks for (quorumstore does not reshard); say so when they differ."""
+    saved: dict[str, int] = {}
+    for namespace, _ in metadata.shards:
+        saved[namespace] = saved.get(namespace, 0) + 1
+    if saved != config.namespaces:
+
+        def describe(counts: dict[str, int]) -> str:
+            return ", ".join(f"{ns!r} with {n} shards" for ns, n in sorted(counts.items()))
+
+        log.warning(
+            "coordinator metadata at %s holds %s; keeping it, not %s as asked "
+            "(shard counts are fixed when a cluster is created)",
+            config.metadata_url,
+            describe(saved),
+            describe(config.namespaces),
         )
 
 
