@@ -25,6 +25,7 @@ import grpc
 
 from quorumstore import event_loops
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
+from quorumstore.storage.wal import WalError
 
 if TYPE_CHECKING:
     from quorumstore.coordinator.server import CoordinatorServer
@@ -272,6 +273,15 @@ async def _run_coordinator(args: argparse.Namespace) -> None:
         await coordinator.stop()
 
 
+def _die_with_parent() -> None:
+    """In a `cluster` child before it runs: SIGTERM it when the `cluster` process dies,
+    however it dies (kill -9 included), so no node outlives the command that owns it."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _spawn(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
     # The child gets its own copy of the descriptor; ours is closed once it is spawned.
     with open(log_file, "ab") as out:
@@ -280,7 +290,41 @@ def _spawn(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # `cluster` spawns its children before it starts any thread (gRPC's included).
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
         )
+
+
+def _check_port_free(host: str, port: int, what: str) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        # As gRPC binds: a port whose old connections linger (TIME_WAIT) is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise CliError(
+                f"cannot listen on {host}:{port} for {what}: {e.strerror}; is another cluster "
+                "still running there? Stop it or pick another --base-port"
+            ) from None
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    """The last lines of a child's log, to say why it stopped."""
+    try:
+        text = path.read_text(errors="replace").rstrip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGHUP reached `cluster` while it was starting its children."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop(signal.Signals(signum).name)
 
 
 def _run_cluster(args: argparse.Namespace) -> None:
@@ -289,67 +333,68 @@ def _run_cluster(args: argparse.Namespace) -> None:
             f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {args.nodes}"
         )
     data_dir = Path(args.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"cannot use {data_dir} as the data directory: {e.strerror}") from None
     nodes = [f"{args.host}:{args.base_port + i}" for i in range(args.nodes)]
     admin = f"{args.host}:{args.base_port + args.nodes}"
+    for i in range(args.nodes):
+        _check_port_free(args.host, args.base_port + i, f"node {i}")
+    _check_port_free(args.host, args.base_port + args.nodes, "the coordinator's status port")
     fsync = ["--no-fsync"] if args.no_fsync else []
     fsync += _wal_flags(args)
-    children = []
-    try:
-        for i in range(args.nodes):
-            children.append(
-                _spawn(
-                    [
-                        "node",
-                        "--host",
-                        args.host,
-                        "--port",
-                        str(args.base_port + i),
-                        "--data-dir",
-                        str(data_dir / f"node{i}"),
-                        *fsync,
-                    ],
-                    data_dir / f"node{i}.log",
-                )
-            )
-        children.append(
-            _spawn(
-                [
-                    "coordinator",
-                    "--nodes",
-                    ",".join(nodes),
-                    "--shards",
-                    str(args.shards),
-                    "--replication-factor",
-                    str(args.replication_factor),
-                    "--metadata",
-                    str(data_dir / "coordinator" / "metadata.pb"),
-                    "--host",
-                    args.host,
-                    "--admin-port",
-                    str(args.base_port + args.nodes),
-                ],
-                data_dir / "coordinator.log",
-            )
+    commands = [
+        (
+            ["node", "--host", args.host, "--port", str(args.base_port + i),
+             "--data-dir", str(data_dir / f"node{i}"), *fsync],
+            data_dir / f"node{i}.log",
         )
+        for i in range(args.nodes)
+    ]  # fmt: skip
+    commands.append(
+        (
+            ["coordinator", "--nodes", ",".join(nodes), "--shards", str(args.shards),
+             "--replication-factor", str(args.replication_factor),
+             "--metadata", str(data_dir / "coordinator" / "metadata.pb"),
+             "--host", args.host, "--admin-port", str(args.base_port + args.nodes)],
+            data_dir / "coordinator.log",
+        )
+    )  # fmt: skip
+    children: list[tuple[subprocess.Popen[bytes], Path]] = []
+    # Closing the terminal (SIGHUP) or SIGTERM must stop the children as Ctrl-C does.
+    stop_signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGHUP, _raise_stop)
+    try:
+        for argv, log_file in commands:
+            children.append((_spawn(argv, log_file), log_file))
         status = _wait_for_cluster(admin, children, timeout_s=60)
+        _check_children(children)  # the status came from this run's processes
+        shards = len(status.metadata.shards)  # type: ignore[attr-defined]
         print(
-            f"quorumstore cluster: {args.nodes} nodes, {args.shards} shards, replication factor {args.replication_factor}",
+            f"quorumstore cluster: {args.nodes} nodes, {shards} shards, replication factor {args.replication_factor}",
             flush=True,
         )
+        if shards != args.shards:
+            print(
+                f"  (the data directory holds {shards} shards; shard counts are fixed when it is created)",
+                flush=True,
+            )
         print(f"client address: {nodes[0]}   (all nodes: {', '.join(nodes)})", flush=True)
         print(f"coordinator:    {admin}   (quorumstore status --coordinator {admin})", flush=True)
         print(f"data and logs:  {data_dir}", flush=True)
         print(_format_status(status), flush=True)
         print("Ctrl-C stops the cluster.", flush=True)
-        stop_signals = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # children were started before this
         signal.sigwait(stop_signals)
+    except _Stop:
+        pass
     finally:
-        for child in children:
+        for child, _ in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        for child in children:
+        for child, _ in children:
             try:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -357,18 +402,23 @@ def _run_cluster(args: argparse.Namespace) -> None:
         print("cluster stopped", flush=True)
 
 
+def _check_children(children: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+    for child, log_file in children:
+        if child.poll() is not None:
+            argv = cast(list[str], child.args)  # _spawn passes a list
+            raise CliError(
+                f"a cluster process exited early ({' '.join(argv[3:])}); the end of {log_file}:\n"
+                + _log_tail(log_file)
+            )
+
+
 def _wait_for_cluster(
-    admin: str, children: list[subprocess.Popen[bytes]], timeout_s: float
+    admin: str, children: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float
 ) -> object:
     deadline = time.monotonic() + timeout_s
     last_error = ""
     while time.monotonic() < deadline:
-        for child in children:
-            if child.poll() is not None:
-                argv = cast(list[str], child.args)  # _spawn passes a list
-                raise CliError(
-                    f"a cluster process exited early ({' '.join(argv[3:])}); see its log in the data directory"
-                )
+        _check_children(children)
         try:
             status = _fetch_status(admin, timeout=1)
             if all_replicas_serving(status):
@@ -424,11 +474,17 @@ def _format_status(status: object) -> str:
     from quorumstore.proto import replication_pb2 as pb
 
     state_names = {pb.ELECTION: "election", pb.ONLINE: "online", pb.OFFLINE: "OFFLINE"}
-    leaders = {(r.namespace, r.shard): r for r in status.replicas if r.role == pb.LEADER}  # type: ignore[attr-defined]
+    # Keyed by node too: a leader that went down leaves its last report behind, and the
+    # shard's current leader must not be hidden behind it.
+    leaders = {
+        (r.namespace, r.shard, r.node, r.term): r
+        for r in status.replicas  # type: ignore[attr-defined]
+        if r.role == pb.LEADER
+    }
     rows = [("shard", "state", "term", "leader", "head", "commit", "followers (lag)", "eligible")]
     for m in status.metadata.shards:  # type: ignore[attr-defined]
-        report = leaders.get((m.namespace, m.shard))
-        if report is not None and report.term == m.term:
+        report = leaders.get((m.namespace, m.shard, m.leader, m.term))
+        if report is not None:
             head, commit = str(report.head.offset), str(report.commit_offset)
             followers = (
                 ", ".join(
@@ -562,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
             _run_cluster(args)
         elif args.command == "status":
             _run_status(args)
-    except (CliError, MetadataError) as e:
+    except (CliError, MetadataError, WalError) as e:
         print(f"quorumstore: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

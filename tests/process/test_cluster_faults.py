@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from quorumstore.cli import format_status
 from quorumstore.storage.kv import RocksKv
 from quorumstore.storage.state_machine import ShardReader
 from quorumstore.storage.wal import Wal
@@ -260,6 +261,16 @@ def test_coordinator_kill_and_restart(
     killed_at = cluster.kill9(leader)
     first = load.wait_for_write_after(killed_at, shard, FAILOVER_TIMEOUT_S)
     new_leader, new_term = cluster.wait_new_leader(shard, not_on=leader, after_term=term)
+    # `quorumstore status` shows the new leader's offsets, not "?" behind the dead one's
+    # last report (which the coordinator keeps).
+    deadline = time.monotonic() + 10
+    while True:
+        table = format_status(cluster.status())
+        row = next(line for line in table.splitlines() if line.startswith(f"default/{shard} "))
+        if "?" not in row or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert "?" not in row, f"status lost the new leader's offsets:\n{table}"
     measure(
         f"restarted coordinator replaced killed leader {leader} by {new_leader} (term {term} -> {new_term}); "
         f"first write issued after the kill acknowledged {first.acked_at - killed_at:.2f} s after it"
@@ -386,6 +397,88 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
         if process.poll() is None:
             process.kill()
             process.wait()
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _start_cli_cluster(data_dir: Path, base_port: int) -> subprocess.Popen[str]:
+    command = [
+        sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", "3", "--shards", "2",
+        "--replication-factor", "3", "--data-dir", str(data_dir), "--base-port", str(base_port),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def _wait_for_banner(process: subprocess.Popen[str]) -> str:
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read_output() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if "Ctrl-C stops the cluster" in line:
+                ready.set()
+
+    threading.Thread(target=read_output, daemon=True).start()
+    assert ready.wait(60), f"`quorumstore cluster` did not come up:\n{''.join(lines)}"
+    return "".join(lines)
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := [pid for pid in pids if _pid_exists(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.mark.timeout(180)
+def test_cli_cluster_children_never_outlive_it(
+    tmp_path: Path, port_block: Callable[[int], int]
+) -> None:
+    """Closing the terminal (SIGHUP) stops the cluster as Ctrl-C does; kill -9 of the
+    `cluster` process takes its children down too; a second cluster on ports in use is
+    refused in one line instead of reporting the first one's status as its own."""
+    base = port_block(4)
+    first = _start_cli_cluster(tmp_path / "qs", base)
+    children: list[int] = []
+    try:
+        _wait_for_banner(first)
+        children = _children_of(first.pid)
+        assert len(children) == 4, f"expected 3 nodes and a coordinator, found {children}"
+
+        second = subprocess.run(
+            [sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", "3", "--shards", "2",
+             "--data-dir", str(tmp_path / "other"), "--base-port", str(base)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"cannot listen on 127.0.0.1:{base} for node 0" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+
+        first.kill()
+        first.wait()
+        assert not _wait_gone(children, 15), "cluster children outlived a kill -9 of `cluster`"
+
+        again = _start_cli_cluster(tmp_path / "qs", base)
+        try:
+            _wait_for_banner(again)
+            children = _children_of(again.pid)
+            assert len(children) == 4, f"expected 3 nodes and a coordinator, found {children}"
+            again.send_signal(signal.SIGHUP)
+            assert again.wait(30) == 0
+            assert not _wait_gone(children, 5), "cluster children outlived SIGHUP"
+        finally:
+            if again.poll() is None:
+                again.kill()
+    finally:
+        if first.poll() is None:
+            first.kill()
         for pid in children:
             try:
                 os.kill(pid, signal.SIGKILL)

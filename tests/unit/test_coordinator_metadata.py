@@ -1,4 +1,5 @@
-"""Resuming saved coordinator metadata: renaming a node, refusing a mismatched node list."""
+"""Starting a coordinator: saved metadata (renamed nodes, mismatched node lists and shard
+counts, bad URLs) and its status port."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
+from quorumstore.node.transport import SERVER_OPTIONS, listen
 from quorumstore.protocol.coordinator import (
     ShardState,
     initial_metadata,
@@ -78,3 +81,22 @@ def test_coordinator_keeps_saved_shard_counts_and_says_so(
     with caplog.at_level(logging.WARNING, logger="quorumstore.coordinator.server"):
         assert asyncio.run(start_and_stop()) == 2
     assert "holds 'default' with 2 shards; keeping it, not 'default' with 5 shards" in caplog.text
+
+
+def test_an_unknown_metadata_url_scheme_is_refused_with_what_to_do() -> None:
+    with pytest.raises(MetadataError, match=r"cannot keep coordinator metadata at nope://x/y"):
+        MetadataStore("nope://x/y")
+
+
+def test_a_port_in_use_is_an_os_error_naming_it() -> None:
+    async def bind_twice() -> None:
+        first, second = (grpc.aio.server(options=SERVER_OPTIONS) for _ in range(2))
+        port = listen(first, "127.0.0.1", 0)
+        try:
+            with pytest.raises(OSError, match=rf"cannot listen on 127\.0\.0\.1:{port}: the port"):
+                listen(second, "127.0.0.1", port)
+        finally:
+            await first.stop(None)
+            await second.stop(None)
+
+    asyncio.run(bind_twice())

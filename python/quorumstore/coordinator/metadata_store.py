@@ -26,7 +26,13 @@ class MetadataError(ValueError):
 class MetadataStore:
     def __init__(self, url: str):
         self.url = url
-        self._fs, self._path = fsspec.core.url_to_fs(url)
+        try:
+            self._fs, self._path = fsspec.core.url_to_fs(url)
+        except (ValueError, ImportError) as e:
+            raise MetadataError(
+                f"cannot keep coordinator metadata at {url}: {e}; give a local path or an "
+                "fsspec URL whose filesystem package is installed"
+            ) from e
         self._local = (
             self._fs.protocol in ("file", ("file", "local")) or "file" in self._fs.protocol
         )

@@ -19,7 +19,7 @@ import grpc
 
 from quorumstore import wire
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
-from quorumstore.node.transport import GRPC_OPTIONS
+from quorumstore.node.transport import GRPC_OPTIONS, SERVER_OPTIONS, listen
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.coordinator import (
@@ -152,13 +152,9 @@ class CoordinatorServer:
         self._spawn(self._tick_loop())
         self._spawn(self._process_loop())
         if self.config.admin_port is not None:
-            self._admin = grpc.aio.server(options=GRPC_OPTIONS)
+            self._admin = grpc.aio.server(options=SERVER_OPTIONS)
             pb_grpc.add_CoordinatorAdminServicer_to_server(_Admin(self), self._admin)
-            port = self._admin.add_insecure_port(
-                f"{self.config.admin_host}:{self.config.admin_port}"
-            )
-            if port == 0:
-                raise OSError(f"cannot listen on {self.config.admin_host}:{self.config.admin_port}")
+            port = listen(self._admin, self.config.admin_host, self.config.admin_port)
             self.admin_address = f"{self.config.admin_host}:{port}"
             await self._admin.start()
 

@@ -26,7 +26,7 @@ from quorumstore.node.aborts import abort
 from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
 from quorumstore.node.shard_host import ShardHost, WalRetention
-from quorumstore.node.transport import GRPC_OPTIONS, NodeTransport
+from quorumstore.node.transport import SERVER_OPTIONS, NodeTransport, listen
 from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
@@ -83,7 +83,13 @@ class Node:
 
     async def start(self) -> str:
         """Binds the port, opens the shards found on disk and starts serving; returns the address."""
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        try:
+            self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(
+                f"cannot use {self.config.data_dir} as the node's data directory: {e.strerror}"
+            ) from None
+        self._server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_NodeControlServicer_to_server(_NodeControl(self), self._server)
         pb_grpc.add_ReplicationServicer_to_server(_Replication(self), self._server)
         self._client_api = OxiaClientServicer(self)
@@ -92,11 +98,7 @@ class Node:
         quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(
             self._data_api, self._server
         )
-        port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
-        if port == 0:
-            raise OSError(
-                f"cannot listen on {self.config.host}:{self.config.port}: the port is taken or not allowed"
-            )
+        port = listen(self._server, self.config.host, self.config.port)
         self.name = f"{self.config.advertise_host or self.config.host}:{port}"
         _import_pyarrow_pandas_shim()
         self._open_existing_shards()

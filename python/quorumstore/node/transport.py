@@ -46,6 +46,26 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 10_000),
 ]
+#: Servers add: no SO_REUSEPORT (gRPC sets it by default on Linux), so that a second
+#: process on a node's port fails to start instead of taking half of its connections.
+SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
+
+
+def listen(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Binds `server` to host:port (0: any free port); returns the port or raises OSError.
+
+    grpcio reports a failed bind by returning 0 in some versions and by raising
+    RuntimeError in others."""
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise OSError(
+            f"cannot listen on {host}:{port}: the port is taken, or {host} is not an address "
+            "of this machine"
+        )
+    return bound
 
 
 class _ReplicateStream:
