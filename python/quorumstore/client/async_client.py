@@ -119,6 +119,8 @@ class AsyncClient:
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
         addresses = address.split(",") if isinstance(address, str) else list(address)
+        if not addresses:
+            raise ValueError("give at least one node address (host:port) to find the cluster by")
         for one in addresses:
             host, _, port = one.strip().rpartition(":")
             if not host or not port.isdigit():
@@ -321,6 +323,10 @@ class AsyncClient:
         shard's rows travel as Arrow IPC, up to 65,536 rows (about 8 MiB) per
         replicated write, exactly-once. Unconditional puts only; the records get no
         partition key.
+
+        Each replicated write is atomic, not the whole call: when one raises (e.g.
+        InvalidRequest for an oversized key), the others may have been stored. The
+        puts are unconditional, so a second call with the input fixed is safe.
         """
         directory = self._ready()
         keys, values = arrow.columns(data)

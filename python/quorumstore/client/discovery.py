@@ -95,6 +95,10 @@ class Directory:
         self._changed = asyncio.Event()
         self._fatal: QuorumStoreError | None = None
         self._task: asyncio.Task[None] | None = None
+        #: Why the last attempt to get assignments failed, for the start() timeout's message.
+        self._last_failure = ""
+        #: Bootstrap addresses that serve gRPC but not Oxia's client API.
+        self._not_oxia: set[str] = set()
 
     async def start(self, timeout_s: float) -> None:
         """Starts following the map; returns once the first one arrived."""
@@ -103,9 +107,10 @@ class Directory:
             await asyncio.wait_for(self._changed.wait(), timeout_s)
         except TimeoutError:
             await self.close()
+            last = f" (last attempt: {self._last_failure})" if self._last_failure else ""
             raise ServiceUnavailable(
                 f"no shard assignments from {', '.join(self._bootstrap)} for namespace "
-                f"{self._namespace!r} within {timeout_s:g} s: is a quorumstore node "
+                f"{self._namespace!r} within {timeout_s:g} s{last}: is a quorumstore node "
                 "listening there, and are its shards online?"
             ) from None
         if self._fatal is not None:
@@ -181,7 +186,20 @@ class Directory:
                 if isinstance(failure, NamespaceNotFound):
                     self._fail(failure)
                     return
+                self._last_failure = f"{address}: {e.code().name.lower()} ({e.details()})"
                 log.debug("shard assignments from %s failed: %s", address, e.details())
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED and self._map is None:
+                    self._not_oxia.add(address)
+                    if self._not_oxia.issuperset(self._bootstrap):
+                        self._fail(
+                            QuorumStoreError(
+                                f"{', '.join(self._bootstrap)} "
+                                f"{'answers' if len(self._bootstrap) == 1 else 'answer'} gRPC "
+                                "but not Oxia's client API: give a node's client address, not "
+                                "the coordinator's status port or another service's"
+                            )
+                        )
+                        return
             except ValueError as e:  # a map this client cannot use
                 self._fail(QuorumStoreError(f"unusable shard assignments from {address}: {e}"))
                 return
