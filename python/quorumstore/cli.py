@@ -111,6 +111,29 @@ async def _wait_until_online(coordinator: CoordinatorServer, timeout_s: float) -
     raise CliError(f"shards did not all elect a leader within {timeout_s:.0f} s; see the log above")
 
 
+def _check_layout(data_dir: Path, mine: str, other: str, other_command: str) -> None:
+    """`standalone` keeps its node in D/node, `cluster` in D/node0, D/node1, ...: started on
+    the other's directory, a command would find its node's directory empty and serve an
+    empty store next to the data it was meant to serve."""
+    if (data_dir / other).is_dir() and not (data_dir / mine).exists():
+        raise CliError(
+            f"{data_dir} holds the data of `quorumstore {other_command}` ({data_dir / other}); "
+            f"start it with `quorumstore {other_command}`, or give another --data-dir"
+        )
+
+
+def _advertise_host(args: argparse.Namespace) -> str | None:
+    """The host in the node's address, which other nodes and clients dial."""
+    if args.advertise_host:
+        return str(args.advertise_host)
+    if args.host in ("0.0.0.0", "::", ""):
+        raise CliError(
+            f"--host {args.host!r} listens on every interface, so it is no address to "
+            "dial; add --advertise-host with the name or address other machines reach this one by"
+        )
+    return None
+
+
 def _retention(args: argparse.Namespace) -> WalRetention:
     from quorumstore.node.shard_host import WalRetention
 
@@ -188,11 +211,13 @@ async def _run_standalone(args: argparse.Namespace) -> None:
     from quorumstore.node.node import Node, NodeConfig
 
     data_dir = Path(args.data_dir).resolve()
+    _check_layout(data_dir, mine="node", other="node0", other_command="cluster")
     node = Node(
         NodeConfig(
             data_dir / "node",
             host=args.host,
             port=args.port,
+            advertise_host=_advertise_host(args),
             wal_sync=not args.no_fsync,
             wal_retention=_retention(args),
         )
@@ -236,6 +261,7 @@ async def _run_node(args: argparse.Namespace) -> None:
             Path(args.data_dir).resolve(),
             host=args.host,
             port=args.port,
+            advertise_host=_advertise_host(args),
             wal_sync=not args.no_fsync,
             wal_retention=_retention(args),
         )
@@ -332,7 +358,13 @@ def _run_cluster(args: argparse.Namespace) -> None:
         raise CliError(
             f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {args.nodes}"
         )
+    if args.base_port + args.nodes > 65535:
+        raise CliError(
+            f"--base-port {args.base_port} leaves no room for {args.nodes} nodes and the "
+            f"coordinator (ports up to {args.base_port + args.nodes}); use at most {65535 - args.nodes}"
+        )
     data_dir = Path(args.data_dir).resolve()
+    _check_layout(data_dir, mine="node0", other="node", other_command="standalone")
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -529,14 +561,17 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quorumstore", description="A quorum-replicated KV store with Oxia's client protocol."
     )
+    levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
     parser.add_argument(
-        "--log-level",
-        default=os.environ.get("QUORUMSTORE_LOG_LEVEL", "WARNING"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        "--log-level", default=os.environ.get("QUORUMSTORE_LOG_LEVEL", "WARNING"), choices=levels
     )
+    # Accepted after the command too (`quorumstore standalone --log-level INFO`); there it
+    # has no default, so it overrides the one before the command only when given.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=levels)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("standalone", help="one process, one replica per shard")
+    p = sub.add_parser("standalone", help="one process, one replica per shard", parents=[common])
     p.add_argument("--shards", type=_positive, default=1)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument(
@@ -548,6 +583,11 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="coordinator status port (default: any free port)",
     )
+    p.add_argument(
+        "--advertise-host",
+        help="the name or address clients and other nodes reach this one by (default: --host; "
+        "required when --host listens on every interface, e.g. 0.0.0.0)",
+    )
     p.add_argument("--data-dir", default="quorumstore-data", help="default: ./quorumstore-data")
     p.add_argument(
         "--no-fsync",
@@ -556,7 +596,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_wal_flags(p)
 
-    p = sub.add_parser("cluster", help="a coordinator and N node processes on this machine")
+    p = sub.add_parser(
+        "cluster", help="a coordinator and N node processes on this machine", parents=[common]
+    )
     p.add_argument("--nodes", type=_positive, default=3)
     p.add_argument("--shards", type=_positive, default=1)
     p.add_argument("--replication-factor", type=_positive, default=3)
@@ -571,14 +613,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fsync", action="store_true")
     _add_wal_flags(p)
 
-    p = sub.add_parser("node", help="one storage node")
+    p = sub.add_parser("node", help="one storage node", parents=[common])
     p.add_argument("--data-dir", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=DEFAULT_CLIENT_PORT)
+    p.add_argument(
+        "--advertise-host",
+        help="the name or address clients and other nodes reach this one by (default: --host; "
+        "required when --host listens on every interface, e.g. 0.0.0.0)",
+    )
     p.add_argument("--no-fsync", action="store_true")
     _add_wal_flags(p)
 
-    p = sub.add_parser("coordinator", help="the coordinator of a set of nodes")
+    p = sub.add_parser("coordinator", help="the coordinator of a set of nodes", parents=[common])
     p.add_argument(
         "--nodes",
         type=lambda v: [_address(a) for a in v.split(",")],
@@ -594,7 +641,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-port", type=_port, default=0)
 
     p = sub.add_parser(
-        "status", help="per shard: term, leader, offsets, follower lag, eligible set"
+        "status",
+        help="per shard: term, leader, offsets, follower lag, eligible set",
+        parents=[common],
     )
     p.add_argument(
         "--coordinator", type=_address, required=True, help="the coordinator's host:port"

@@ -50,6 +50,11 @@ class MetadataStore:
                 f"coordinator metadata at {self.url} is unreadable ({e}); restore it from a backup "
                 "or point the coordinator at a new location to start a new cluster"
             ) from e
+        if not record.shards:  # never saved so: every cluster has a shard at least
+            raise MetadataError(
+                f"coordinator metadata at {self.url} describes no shards (an empty or truncated "
+                "file?); restore it from a backup or point the coordinator at a new location"
+            )
         return wire.metadata_from_pb(record)
 
     def save(self, metadata: ClusterMetadata) -> None:
