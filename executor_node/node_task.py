@@ -38,6 +38,7 @@ from pathlib import Path
 
 from quorumstore import event_loops
 from quorumstore.node.node import Node, NodeConfig
+from quorumstore.node.transport import probe_port
 
 log = logging.getLogger("quorumstore.spark.node_task")
 
@@ -144,27 +145,26 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
 def _check_port_free(spec: NodeTaskSpec, index: int) -> None:
     """Refuses to start while anything listens on the node's port.
 
-    gRPC servers bind with SO_REUSEPORT, so a new node would share the port with an
-    earlier incarnation that Spark has not finished killing, and clients would reach
-    either. A plain bind (SO_REUSEADDR only) fails while any listener holds the port.
+    The node's own bind would fail then too (it binds without SO_REUSEPORT); probing
+    first tells the causes apart: an address this machine does not own is a
+    configuration error, which retrying cannot fix, while a port in use (an earlier
+    incarnation that Spark has not finished killing) is retried.
     """
     port = spec.base_port + index
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((spec.host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRNOTAVAIL:
-                raise NodeConfigError(
-                    f"node {index} runs on {socket.gethostname()}, which does not own the address "
-                    f"{spec.host}; every storage node must run on the machine spark.quorumstore.host names"
-                ) from None
-            if e.errno == errno.EADDRINUSE:
-                raise OSError(
-                    e.errno,
-                    f"port {port} is in use (an earlier incarnation of node {index} still exiting, or another program)",
-                ) from None
-            raise
+    try:
+        probe_port(spec.host, port)
+    except OSError as e:
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise NodeConfigError(
+                f"node {index} runs on {socket.gethostname()}, which does not own the address "
+                f"{spec.host}; every storage node must run on the machine spark.quorumstore.host names"
+            ) from None
+        if e.errno == errno.EADDRINUSE:
+            raise OSError(
+                e.errno,
+                f"port {port} is in use (an earlier incarnation of node {index} still exiting, or another program)",
+            ) from None
+        raise
 
 
 def _gather_addresses(spec: NodeTaskSpec, index: int, address: str) -> None:

@@ -27,7 +27,8 @@ run_tier() {  # run_tier NAME COMMAND...
 
 run_pytest() { python -m pytest -q -p no:cacheprovider "$@"; }
 # Type hints of the package (it ships py.typed) and the benchmarks, lint and formatting.
-static_checks() { python -m mypy && python -m ruff check python tests bench examples && python -m ruff format --check python tests bench examples; }
+py_dirs=(python tests bench examples coordinator_driver executor_node)
+static_checks() { python -m mypy && python -m ruff check "${py_dirs[@]}" && python -m ruff format --check "${py_dirs[@]}"; }
 
 run_tier static static_checks
 run_tier unit run_pytest tests/unit

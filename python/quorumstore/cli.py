@@ -322,18 +322,15 @@ def _spawn(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
 
 
 def _check_port_free(host: str, port: int, what: str) -> None:
-    import socket
+    from quorumstore.node.transport import probe_port
 
-    with socket.socket() as probe:
-        # As gRPC binds: a port whose old connections linger (TIME_WAIT) is free.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise CliError(
-                f"cannot listen on {host}:{port} for {what}: {e.strerror}; is another cluster "
-                "still running there? Stop it or pick another --base-port"
-            ) from None
+    try:
+        probe_port(host, port)
+    except OSError as e:
+        raise CliError(
+            f"cannot listen on {host}:{port} for {what}: {e.strerror}; is another cluster "
+            "still running there? Stop it or pick another --base-port"
+        ) from None
 
 
 def _log_tail(path: Path, lines: int = 3) -> str:

@@ -155,3 +155,49 @@ def test_a_leader_fenced_with_an_older_head_is_replaced_after_the_grace() -> Non
         _report_all(coordinator, leader)
     _report(coordinator, leader, Role.FENCED, HEAD)
     assert coordinator.shard(SHARD).term == term + 1
+
+
+def _report_commit(coordinator: Coordinator, leader: str, commit: int) -> None:
+    meta = coordinator.shard(SHARD)
+    head = LogPosition(term=meta.term, offset=commit, checksum=0)
+    coordinator.step(
+        NodeStatus(leader, (ShardStatus(SHARD, meta.term, Role.LEADER, head, commit),))
+    )
+
+
+def test_an_advancing_commit_offset_is_saved_now_and_then() -> None:
+    """A restarted coordinator knows the commit offset from its saved metadata, so the
+    offset is saved when it first advances and then at most every commit_save_ticks."""
+    coordinator, leader = _online_coordinator()
+    coordinator.ready()
+    saved = []
+    for tick in range(3 * CONFIG.commit_save_ticks):
+        coordinator.tick()
+        _report_followers(coordinator, leader)
+        _report_commit(coordinator, leader, commit=tick)
+        if (metadata := coordinator.ready().metadata) is not None:
+            saved.append(metadata.shards[SHARD].known_commit_offset)
+    assert saved == [0, CONFIG.commit_save_ticks, 2 * CONFIG.commit_save_ticks]
+
+
+def test_a_restarted_coordinator_does_not_elect_a_replica_that_lost_the_committed_log() -> None:
+    coordinator, leader = _online_coordinator()
+    coordinator.ready()
+    coordinator.tick()
+    _report_followers(coordinator, leader)
+    _report_commit(coordinator, leader, commit=7)
+    saved = coordinator.ready().metadata
+    assert saved is not None and saved.shards[SHARD].known_commit_offset == 7
+
+    restarted = Coordinator(NODES, saved, CONFIG)
+    for _ in range(CONFIG.node_failure_ticks + 2):  # nobody reports: the leader is replaced
+        restarted.tick()
+    new_terms = [out for out in restarted.ready().messages if isinstance(out.message, NewTerm)]
+    assert new_terms
+    for out in new_terms:  # every replica answers with an empty log
+        restarted.step(NewTermResponse(SHARD, out.message.term, out.to, HEAD, -1))
+    for _ in range(CONFIG.election_grace_ticks + 1):
+        restarted.tick()
+    sent = restarted.ready().messages
+    assert not [out for out in sent if isinstance(out.message, BecomeLeader)]
+    assert restarted.shard(SHARD).state is ShardState.OFFLINE

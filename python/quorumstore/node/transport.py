@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,15 @@ GRPC_OPTIONS = [
 #: Servers add: no SO_REUSEPORT (gRPC sets it by default on Linux), so that a second
 #: process on a node's port fails to start instead of taking half of its connections.
 SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
+
+
+def probe_port(host: str, port: int) -> None:
+    """Binds and releases host:port as a server here binds (SO_REUSEADDR, no SO_REUSEPORT),
+    raising bind's OSError: EADDRINUSE while anything listens there, EADDRNOTAVAIL for an
+    address this machine does not own. Lets a caller say which before starting anything."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def listen(server: grpc.aio.Server, host: str, port: int) -> int:

@@ -82,6 +82,10 @@ class CoordinatorConfig:
     become_leader_timeout_ticks: int = 10
     #: Ticks without a health report before a node is considered failed.
     node_failure_ticks: int = 5
+    #: Ticks between saves of a shard's advancing commit offset. A restarted coordinator
+    #: refuses to elect a replica whose log ends before the offset it knows (one that lost
+    #: its disk, say), so the saved offset must not lag far behind.
+    commit_save_ticks: int = 50
 
 
 def initial_metadata(
@@ -167,6 +171,8 @@ class Coordinator:
         self._reports: dict[str, dict[ShardKey, ShardStatus]] = {}
         self._elections: dict[ShardKey, _Election] = {}
         self._retry_at: dict[tuple[ShardKey, str], int] = {}
+        #: Per shard, the tick from which an advanced commit offset is saved again.
+        self._commit_save_due: dict[ShardKey, int] = {}
         self._dirty = False
         self._assignments_changed = False
         self._out: list[Outbound] = []
@@ -397,8 +403,11 @@ class Coordinator:
         commit = max(meta.known_commit_offset, status.commit_offset)
         if eligible != meta.eligible:
             self._update(key, eligible=eligible, known_commit_offset=commit)
+        elif commit > meta.known_commit_offset and self._now >= self._commit_save_due.get(key, 0):
+            self._update(key, known_commit_offset=commit)
+            self._commit_save_due[key] = self._now + self.config.commit_save_ticks
         else:
-            # Kept in memory between saves: a stale value on disk only makes elections stricter.
+            # Kept in memory until the next save, at most commit_save_ticks away.
             self._meta[key] = replace(meta, known_commit_offset=commit)
 
     def _made_before_taking_office(
