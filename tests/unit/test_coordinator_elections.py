@@ -201,3 +201,34 @@ def test_a_restarted_coordinator_does_not_elect_a_replica_that_lost_the_committe
     sent = restarted.ready().messages
     assert not [out for out in sent if isinstance(out.message, BecomeLeader)]
     assert restarted.shard(SHARD).state is ShardState.OFFLINE
+
+
+def test_a_leader_found_restarted_by_a_restarted_coordinator_is_replaced_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A whole cluster restarted: the saved leader comes back Fenced. Nothing serving is
+    displaced, so the election is info, not a warning on every shard of every restart."""
+    coordinator, leader = _online_coordinator()
+    restarted = Coordinator(NODES, coordinator.metadata, CONFIG)
+    term = restarted.shard(SHARD).term
+    with caplog.at_level(logging.INFO, logger="quorumstore.protocol.coordinator"):
+        _report(restarted, leader, Role.FENCED, LogPosition(term, 0, 7))
+    assert restarted.shard(SHARD).term == term + 1
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.INFO,
+            f"shard default/0: election for term {term + 1}: leader {leader} reports FENCED in term {term}",
+        )
+    ]
+
+
+def test_a_leader_seen_leading_by_a_restarted_coordinator_is_a_warning_when_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    coordinator, leader = _online_coordinator()
+    restarted = Coordinator(NODES, coordinator.metadata, CONFIG)
+    term = restarted.shard(SHARD).term
+    _report(restarted, leader, Role.LEADER, LogPosition(term, 0, 7))
+    with caplog.at_level(logging.INFO, logger="quorumstore.protocol.coordinator"):
+        _report(restarted, leader, Role.FENCED, LogPosition(term, 0, 7))
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]

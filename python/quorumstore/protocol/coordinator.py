@@ -173,6 +173,9 @@ class Coordinator:
         self._retry_at: dict[tuple[ShardKey, str], int] = {}
         #: Per shard, the tick from which an advanced commit offset is saved again.
         self._commit_save_due: dict[ShardKey, int] = {}
+        #: Shards whose current leader this coordinator has seen leading (elected it, or
+        #: had a report of it leading in its term): not so for every shard after a restart.
+        self._seen_leading: set[ShardKey] = set()
         self._dirty = False
         self._assignments_changed = False
         self._out: list[Outbound] = []
@@ -231,13 +234,20 @@ class Coordinator:
         self._dirty = True
         return meta
 
-    def start_election(self, key: ShardKey, cause: str) -> None:
+    def start_election(self, key: ShardKey, cause: str, *, leader_lost: bool = False) -> None:
         """Fence the ensemble in a new term. `cause` is logged, as a warning when an online
-        leader is displaced: that pauses the shard's writes."""
+        leader is displaced: that pauses the shard's writes. `leader_lost`: the leader
+        itself says it no longer leads, so unless this coordinator saw it lead (it
+        restarted since), nothing serving is displaced and the cause is logged as info:
+        that is every shard after a whole cluster restarts."""
         meta = self._meta[key]
         term = meta.term + 1
-        level = logging.WARNING if meta.state is ShardState.ONLINE else logging.INFO
+        displaced = meta.state is ShardState.ONLINE and (
+            key in self._seen_leading or not leader_lost
+        )
+        level = logging.WARNING if displaced else logging.INFO
         log.log(level, "shard %s/%d: election for term %d: %s", key[0], key[1], term, cause)
+        self._seen_leading.discard(key)
         self._update(key, term=term, leader=None, state=ShardState.ELECTION)
         self._assignments_changed = True
         self._elections[key] = _Election(term)
@@ -345,6 +355,7 @@ class Coordinator:
         if meta.state is ShardState.ONLINE:
             return
         meta = self._update(msg.shard, leader=msg.node, state=ShardState.ONLINE)
+        self._seen_leading.add(msg.shard)
         election.online_at = self._now
         self._assignments_changed = True
         for node, response in election.responses.items():
@@ -392,8 +403,9 @@ class Coordinator:
             return
         if status is None or status.role is not Role.LEADER or status.term != meta.term:
             seen = "no replica" if status is None else f"{status.role.name} in term {status.term}"
-            self.start_election(key, f"leader {meta.leader} reports {seen}")
+            self.start_election(key, f"leader {meta.leader} reports {seen}", leader_lost=True)
             return
+        self._seen_leading.add(key)
         in_sync = {
             f.name
             for f in status.followers
