@@ -494,6 +494,11 @@ def _fetch_status(address: str, timeout: float = 5) -> object:
                 pb.Empty(), timeout=timeout
             )
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise CliError(
+                    f"{address} answers gRPC but is no coordinator's status port (a node's "
+                    "client port?); `quorumstore cluster` and `standalone` print the status port"
+                ) from None
             raise CliError(
                 f"cannot reach the coordinator at {address}: {e.code().name.lower()} ({e.details()})"
             ) from None

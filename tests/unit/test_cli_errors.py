@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import grpc
 import pytest
 
 from quorumstore import cli
+from quorumstore.node.transport import SERVER_OPTIONS, listen
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -56,3 +59,18 @@ def test_log_level_is_accepted_after_the_command() -> None:
     assert args.log_level == "INFO"
     args = cli._parser().parse_args(["--log-level", "ERROR", "status", "--coordinator", "h:1"])
     assert args.log_level == "ERROR"
+
+
+def test_status_pointed_at_something_else_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> str:
+        server = grpc.aio.server(options=SERVER_OPTIONS)  # no status service: UNIMPLEMENTED
+        port = listen(server, "127.0.0.1", 0)
+        await server.start()
+        try:
+            return await asyncio.to_thread(
+                _fails, ["status", "--coordinator", f"127.0.0.1:{port}"], capsys
+            )
+        finally:
+            await server.stop(None)
+
+    assert "is no coordinator's status port" in asyncio.run(scenario())
