@@ -313,30 +313,19 @@ def _pid_exists(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-@pytest.mark.timeout(120)
-def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[int], int]) -> None:
-    """`quorumstore cluster` starts, serves the official client, reports status, stops on Ctrl-C."""
-    nodes = 3
-    base = port_block(nodes + 1)
+def _start_cli_cluster(data_dir: Path, base_port: int) -> subprocess.Popen[str]:
     command = [
-        sys.executable,
-        "-m",
-        "quorumstore.cli",
-        "cluster",
-        "--nodes",
-        str(nodes),
-        "--shards",
-        "2",
-        "--replication-factor",
-        "3",
-        "--data-dir",
-        str(tmp_path / "qs"),
-        "--base-port",
-        str(base),
-    ]
-    process = subprocess.Popen(
+        sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", "3", "--shards", "2",
+        "--replication-factor", "3", "--data-dir", str(data_dir), "--base-port", str(base_port),
+    ]  # fmt: skip
+    return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
+
+
+def _follow_output(process: subprocess.Popen[str]) -> tuple[list[str], threading.Thread]:
+    """Collects the output lines of `cluster` in a thread, once its banner is complete;
+    returns them (the list keeps growing) and the thread."""
     lines: list[str] = []
     ready = threading.Event()
 
@@ -349,9 +338,26 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
 
     reader = threading.Thread(target=read_output, daemon=True)
     reader.start()
+    assert ready.wait(60), f"`quorumstore cluster` did not come up:\n{''.join(lines)}"
+    return lines, reader
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := [pid for pid in pids if _pid_exists(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.mark.timeout(120)
+def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[int], int]) -> None:
+    """`quorumstore cluster` starts, serves the official client, reports status, stops on Ctrl-C."""
+    nodes = 3
+    base = port_block(nodes + 1)
+    process = _start_cli_cluster(tmp_path / "qs", base)
     children: list[int] = []
     try:
-        assert ready.wait(60), f"`quorumstore cluster` did not come up:\n{''.join(lines)}"
+        lines, reader = _follow_output(process)
         output = "".join(lines)
         client_address = re.search(r"client address: (\S+)", output)
         coordinator = re.search(r"coordinator:\s+(\S+)", output)
@@ -404,39 +410,6 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
                 pass
 
 
-def _start_cli_cluster(data_dir: Path, base_port: int) -> subprocess.Popen[str]:
-    command = [
-        sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", "3", "--shards", "2",
-        "--replication-factor", "3", "--data-dir", str(data_dir), "--base-port", str(base_port),
-    ]  # fmt: skip
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-
-
-def _wait_for_banner(process: subprocess.Popen[str]) -> str:
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read_output() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line)
-            if "Ctrl-C stops the cluster" in line:
-                ready.set()
-
-    threading.Thread(target=read_output, daemon=True).start()
-    assert ready.wait(60), f"`quorumstore cluster` did not come up:\n{''.join(lines)}"
-    return "".join(lines)
-
-
-def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while (left := [pid for pid in pids if _pid_exists(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
 @pytest.mark.timeout(180)
 def test_cli_cluster_children_never_outlive_it(
     tmp_path: Path, port_block: Callable[[int], int]
@@ -448,7 +421,7 @@ def test_cli_cluster_children_never_outlive_it(
     first = _start_cli_cluster(tmp_path / "qs", base)
     children: list[int] = []
     try:
-        _wait_for_banner(first)
+        _follow_output(first)
         children = _children_of(first.pid)
         assert len(children) == 4, f"expected 3 nodes and a coordinator, found {children}"
 
@@ -467,7 +440,7 @@ def test_cli_cluster_children_never_outlive_it(
 
         again = _start_cli_cluster(tmp_path / "qs", base)
         try:
-            _wait_for_banner(again)
+            _follow_output(again)
             children = _children_of(again.pid)
             assert len(children) == 4, f"expected 3 nodes and a coordinator, found {children}"
             again.send_signal(signal.SIGHUP)

@@ -191,14 +191,7 @@ class Directory:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED and self._map is None:
                     self._not_oxia.add(address)
                     if self._not_oxia.issuperset(self._bootstrap):
-                        self._fail(
-                            QuorumStoreError(
-                                f"{', '.join(self._bootstrap)} "
-                                f"{'answers' if len(self._bootstrap) == 1 else 'answer'} gRPC "
-                                "but not Oxia's client API: give a node's client address, not "
-                                "the coordinator's status port or another service's"
-                            )
-                        )
+                        self._fail(_not_nodes(self._bootstrap))
                         return
             except ValueError as e:  # a map this client cannot use
                 self._fail(QuorumStoreError(f"unusable shard assignments from {address}: {e}"))
@@ -219,3 +212,11 @@ class Directory:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+def _not_nodes(addresses: Sequence[str]) -> QuorumStoreError:
+    verb = "answers" if len(addresses) == 1 else "answer"
+    return QuorumStoreError(
+        f"{', '.join(addresses)} {verb} gRPC but not Oxia's client API: give a node's client "
+        "address, not the coordinator's status port or another service's"
+    )

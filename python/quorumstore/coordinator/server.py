@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -280,9 +281,7 @@ class CoordinatorServer:
 def _warn_on_other_namespaces(metadata: ClusterMetadata, config: CoordinatorServerConfig) -> None:
     """Shard counts are initial, as in Oxia: saved metadata keeps its namespaces and shard
     counts whatever a restart asks for (quorumstore does not reshard); say so when they differ."""
-    saved: dict[str, int] = {}
-    for namespace, _ in metadata.shards:
-        saved[namespace] = saved.get(namespace, 0) + 1
+    saved = Counter(namespace for namespace, _ in metadata.shards)
     if saved != config.namespaces:
 
         def describe(counts: dict[str, int]) -> str:
