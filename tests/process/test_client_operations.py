@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -163,6 +164,39 @@ def test_an_invalid_operation_fails_alone_and_empty_keys_fail_at_once(
                 await client.put("", b"v")
             with pytest.raises(TypeError, match="bytes or str"):
                 await client.put(f"{prefix}/n", 5)  # type: ignore[arg-type]
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda c, k: c.put(k, b"v", expected_version_id=2**63),
+            InvalidRequest,
+            "0 to 9223372036854775807",
+        ),
+        (lambda c, k: c.put(k, b"v", expected_version_id=-5), InvalidRequest, "is -5"),
+        (lambda c, k: c.put(k, b"v", expected_version_id="1"), TypeError, "must be an int"),
+        (lambda c, k: c.delete(k, expected_version_id=2**70), InvalidRequest, "0 to"),
+        (lambda c, k: c.put(k, b"v", partition_key=b"p"), TypeError, "partition_key must be a str"),
+        (lambda c, k: c.get(k, partition_key=7), TypeError, "partition_key must be a str"),
+        (lambda c, k: c.delete_range(k, None), TypeError, "max_key_exclusive must be a str"),
+        (lambda c, k: c.list(b"a", ""), TypeError, "min_key_inclusive must be a str"),
+    ],
+)
+def test_arguments_the_wire_cannot_carry_fail_at_once_and_alone(
+    address: str, prefix: str, call: Any, error: type[Exception], message: str
+) -> None:
+    """Checked when called: found while encoding, they failed the batch they shared."""
+
+    async def run() -> None:
+        async with AsyncClient(address, linger_ms=20) as client:
+            good = asyncio.ensure_future(client.put(f"{prefix}/good", b"v"))
+            await asyncio.sleep(0)  # queued, its batch still open
+            with pytest.raises(error, match=message):
+                await call(client, f"{prefix}/bad")
+            assert (await good).version_id >= 0
 
     asyncio.run(run())
 
@@ -417,3 +451,7 @@ def test_connecting_fails_clearly(address: str, tmp_path: Path) -> None:
         Client("127.0.0.1:1", connect_timeout_s=1)
     with pytest.raises(ValueError, match="host:port"):
         Client("localhost")
+    with pytest.raises(
+        TypeError, match="Client\\(\\) got unknown option\\(s\\) lingerms; the options"
+    ):
+        Client(address, lingerms=5)

@@ -38,7 +38,12 @@ from quorumstore.client.scans import (
     shard_records,
     to_records,
 )
-from quorumstore.client.types import ComparisonType, Record, Version
+from quorumstore.client.types import (
+    EXPECTED_RECORD_DOES_NOT_EXIST,
+    ComparisonType,
+    Record,
+    Version,
+)
 from quorumstore.client.writes import (
     DELETE,
     DELETE_RANGE,
@@ -51,6 +56,8 @@ from quorumstore.proto import quorumstore_data_pb2 as data_pb
 from quorumstore.storage.keys import encode_key
 
 DEFAULT_NAMESPACE = "default"
+#: Version ids are int64 on the wire.
+_MAX_VERSION_ID = 2**63 - 1
 
 
 def _value_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
@@ -64,10 +71,34 @@ def _value_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
 
 
 def _check_key(key: str, what: str = "key") -> None:
-    if not isinstance(key, str):
-        raise TypeError(f"{what} must be a str, got {type(key).__name__}")
+    _check_str(key, what)
     if not key:
         raise InvalidRequest(f"{what} is empty")
+
+
+def _check_str(value: str, what: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+
+
+def _check_range(min_key_inclusive: str, max_key_exclusive: str) -> None:
+    _check_str(min_key_inclusive, "min_key_inclusive")
+    _check_str(max_key_exclusive, "max_key_exclusive")
+
+
+def _check_expected_version(expected_version_id: int | None) -> None:
+    """Refused when queued: encoding it would fail the whole batch it shares with others."""
+    if expected_version_id is None:
+        return
+    if isinstance(expected_version_id, bool) or not isinstance(expected_version_id, int):
+        raise TypeError(
+            f"expected_version_id must be an int, got {type(expected_version_id).__name__}"
+        )
+    if not EXPECTED_RECORD_DOES_NOT_EXIST <= expected_version_id <= _MAX_VERSION_ID:
+        raise InvalidRequest(
+            f"expected_version_id is {expected_version_id}; it must be a version id "
+            f"(0 to {_MAX_VERSION_ID}) or EXPECTED_RECORD_DOES_NOT_EXIST (-1)"
+        )
 
 
 class AsyncClient:
@@ -232,9 +263,10 @@ class AsyncClient:
         """Queues a put and returns its future (what `put` awaits); loop thread only."""
         directory = self._ready()
         _check_key(key)
+        _check_expected_version(expected_version_id)
         data = _value_bytes(value)
         future: asyncio.Future[Version] = asyncio.get_running_loop().create_future()
-        shard = directory.map.shard_for(partition_key or key)
+        shard = self._route(directory, key, partition_key)
         op = WriteOp(PUT, key, data, expected_version_id, partition_key, future)  # type: ignore[arg-type]
         self._write_batcher(shard).add(op, len(key) + len(data) + OP_OVERHEAD_BYTES)
         return future
@@ -249,7 +281,7 @@ class AsyncClient:
         directory = self._ready()
         _check_key(key)
         future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
-        shard = directory.map.shard_for(partition_key or key)
+        shard = self._route(directory, key, partition_key)
         op = GetOp(key, ComparisonType.EQUAL, include_value, future)
         self._read_batcher(shard).add(op, len(key) + OP_OVERHEAD_BYTES)
         return future
@@ -287,8 +319,9 @@ class AsyncClient:
         """
         directory = self._ready()
         _check_key(key)
+        _check_expected_version(expected_version_id)
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        shard = directory.map.shard_for(partition_key or key)
+        shard = self._route(directory, key, partition_key)
         op = WriteOp(DELETE, key, None, expected_version_id, None, future)  # type: ignore[arg-type]
         self._write_batcher(shard).add(op, len(key) + OP_OVERHEAD_BYTES)
         return await future
@@ -305,6 +338,7 @@ class AsyncClient:
         Runs on every shard, or only on the partition key's shard when one is given.
         """
         directory = self._ready()
+        _check_range(min_key_inclusive, max_key_exclusive)
         loop = asyncio.get_running_loop()
         futures = []
         for shard in self._shards(directory, partition_key):
@@ -379,6 +413,7 @@ class AsyncClient:
         if comparison == ComparisonType.EQUAL:
             return await self.submit_get(key, partition_key, include_value)
         directory = self._ready()
+        _check_str(key, "key")
         loop = asyncio.get_running_loop()
         futures = []
         for shard in self._shards(directory, partition_key):
@@ -404,6 +439,7 @@ class AsyncClient:
     ) -> builtins.list[str]:
         """The keys in [min, max) in hierarchical order ("" max: no bound)."""
         directory = self._ready()
+        _check_range(min_key_inclusive, max_key_exclusive)
         assert self._caller is not None
         caller = self._caller
         parts = await asyncio.gather(
@@ -434,6 +470,7 @@ class AsyncClient:
     ) -> AsyncIterator[builtins.list[Record]]:
         """`range_scan` in chunks of records (fewer hand-offs for large scans)."""
         directory = self._ready()
+        _check_range(min_key_inclusive, max_key_exclusive)
         assert self._caller is not None
         caller = self._caller
         streams = [
@@ -457,6 +494,7 @@ class AsyncClient:
         of it, as Arrow batches.
         """
         directory = self._ready()
+        _check_range(min_key_inclusive, max_key_exclusive)
         assert self._caller is not None
         caller = self._caller
         stub = caller.channels.data_stub
@@ -520,6 +558,16 @@ class AsyncClient:
         return self._ready().map.shard_for(key)
 
     @staticmethod
+    def _route(directory: Directory, key: str, partition_key: str | None) -> int:
+        """The shard of one key's operation."""
+        if partition_key is not None:
+            _check_str(partition_key, "partition_key")
+        return directory.map.shard_for(partition_key or key)
+
+    @staticmethod
     def _shards(directory: Directory, partition_key: str | None) -> builtins.list[int]:
         shards = directory.map
-        return shards.shards if partition_key is None else [shards.shard_for(partition_key)]
+        if partition_key is None:
+            return shards.shards
+        _check_str(partition_key, "partition_key")
+        return [shards.shard_for(partition_key)]

@@ -13,6 +13,7 @@ thread pool of callers fast.
 from __future__ import annotations
 
 import builtins
+import inspect
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -28,6 +29,9 @@ from quorumstore.client.types import ComparisonType, Record, Version
 
 T = TypeVar("T")
 
+#: AsyncClient's keyword options, which Client passes on.
+_OPTIONS = frozenset(inspect.signature(AsyncClient).parameters) - {"address"}
+
 
 class Client:
     """A quorumstore client for blocking code; safe to share between threads.
@@ -37,6 +41,12 @@ class Client:
     """
 
     def __init__(self, address: str | Sequence[str], **options: Any) -> None:
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"Client() got unknown option(s) {', '.join(unknown)}; "
+                f"the options are {', '.join(sorted(_OPTIONS))}"
+            )
         self._async = AsyncClient(address, **options)
         self._runner = LoopThread("quorumstore-client")
         try:
