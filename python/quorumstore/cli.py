@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 import grpc
 
 from quorumstore import event_loops
+from quorumstore.addresses import host_port
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.storage.wal import WalError
 
@@ -326,7 +327,7 @@ def _check_port_free(host: str, port: int, what: str) -> None:
         probe_port(host, port)
     except OSError as e:
         raise CliError(
-            f"cannot listen on {host}:{port} for {what}: {e.strerror}; is another cluster "
+            f"cannot listen on {host_port(host, port)} for {what}: {e.strerror}; is another cluster "
             "still running there? Stop it or pick another --base-port"
         ) from None
 
@@ -365,8 +366,8 @@ def _run_cluster(args: argparse.Namespace) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CliError(f"cannot use {data_dir} as the data directory: {e.strerror}") from None
-    nodes = [f"{args.host}:{args.base_port + i}" for i in range(args.nodes)]
-    admin = f"{args.host}:{args.base_port + args.nodes}"
+    nodes = [host_port(args.host, args.base_port + i) for i in range(args.nodes)]
+    admin = host_port(args.host, args.base_port + args.nodes)
     for i in range(args.nodes):
         _check_port_free(args.host, args.base_port + i, f"node {i}")
     _check_port_free(args.host, args.base_port + args.nodes, "the coordinator's status port")

@@ -8,12 +8,10 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-import grpc
 import pytest
 
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
-from quorumstore.node.transport import SERVER_OPTIONS, listen
 from quorumstore.protocol.coordinator import (
     ShardState,
     initial_metadata,
@@ -86,17 +84,3 @@ def test_coordinator_keeps_saved_shard_counts_and_says_so(
 def test_an_unknown_metadata_url_scheme_is_refused_with_what_to_do() -> None:
     with pytest.raises(MetadataError, match=r"cannot keep coordinator metadata at nope://x/y"):
         MetadataStore("nope://x/y")
-
-
-def test_a_port_in_use_is_an_os_error_naming_it() -> None:
-    async def bind_twice() -> None:
-        first, second = (grpc.aio.server(options=SERVER_OPTIONS) for _ in range(2))
-        port = listen(first, "127.0.0.1", 0)
-        try:
-            with pytest.raises(OSError, match=rf"cannot listen on 127\.0\.0\.1:{port}: the port"):
-                listen(second, "127.0.0.1", port)
-        finally:
-            await first.stop(None)
-            await second.stop(None)
-
-    asyncio.run(bind_twice())

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from quorumstore import wire
+from quorumstore.addresses import host_port
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.node.transport import GRPC_OPTIONS, SERVER_OPTIONS, listen
 from quorumstore.proto import replication_pb2 as pb
@@ -156,7 +157,7 @@ class CoordinatorServer:
             self._admin = grpc.aio.server(options=SERVER_OPTIONS)
             pb_grpc.add_CoordinatorAdminServicer_to_server(_Admin(self), self._admin)
             port = listen(self._admin, self.config.admin_host, self.config.admin_port)
-            self.admin_address = f"{self.config.admin_host}:{port}"
+            self.admin_address = host_port(self.config.admin_host, port)
             await self._admin.start()
 
     async def stop(self) -> None:

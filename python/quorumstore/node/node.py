@@ -22,6 +22,7 @@ import grpc
 import pyarrow as pa
 
 from quorumstore import wire
+from quorumstore.addresses import host_port
 from quorumstore.node.aborts import abort
 from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
@@ -99,7 +100,7 @@ class Node:
             self._data_api, self._server
         )
         port = listen(self._server, self.config.host, self.config.port)
-        self.name = f"{self.config.advertise_host or self.config.host}:{port}"
+        self.name = host_port(self.config.advertise_host or self.config.host, port)
         _import_pyarrow_pandas_shim()
         self._open_existing_shards()
         await self._server.start()

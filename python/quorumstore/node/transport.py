@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from quorumstore import wire
+from quorumstore.addresses import host_port
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import (
@@ -55,24 +56,34 @@ SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
 def probe_port(host: str, port: int) -> None:
     """Binds and releases host:port as a server here binds (SO_REUSEADDR, no SO_REUSEPORT),
     raising bind's OSError: EADDRINUSE while anything listens there, EADDRNOTAVAIL for an
-    address this machine does not own. Lets a caller say which before starting anything."""
-    with socket.socket() as probe:
+    address this machine does not own (socket.gaierror for a name that does not resolve).
+    Lets a caller say which before starting anything."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM
+    )[0]
+    with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((host, port))
+        probe.bind(address)
 
 
 def listen(server: grpc.aio.Server, host: str, port: int) -> int:
     """Binds `server` to host:port (0: any free port); returns the port or raises OSError.
 
-    grpcio reports a failed bind by returning 0 in some versions and by raising
-    RuntimeError in others."""
+    A fixed port is probed first, so the error says why (in use, or not an address of
+    this machine) and gRPC's C core logs nothing. grpcio reports a failed bind by
+    returning 0 in some versions and by raising RuntimeError in others."""
+    if port:
+        try:
+            probe_port(host, port)
+        except OSError as e:
+            raise OSError(f"cannot listen on {host_port(host, port)}: {e.strerror}") from None
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = server.add_insecure_port(host_port(host, port))
     except RuntimeError:
         bound = 0
     if bound == 0:
         raise OSError(
-            f"cannot listen on {host}:{port}: the port is taken, or {host} is not an address "
+            f"cannot listen on {host_port(host, port)}: the port is taken, or {host} is not an address "
             "of this machine"
         )
     return bound

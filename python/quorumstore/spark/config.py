@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quorumstore.addresses import host_port
+
 PREFIX = "spark.quorumstore."
 PLACEMENTS = ("barrier", "independent")
 
@@ -145,7 +147,7 @@ class HostingConfig:
 
     @property
     def node_addresses(self) -> list[str]:
-        return [f"{self.host}:{self.base_port + i}" for i in range(self.nodes)]
+        return [host_port(self.host, self.base_port + i) for i in range(self.nodes)]
 
     @property
     def admin_port(self) -> int:

@@ -27,6 +27,7 @@ from typing import Any, Self
 
 from pyspark.sql import SparkSession
 
+from quorumstore.addresses import host_port
 from quorumstore.cli import all_replicas_serving, format_status
 from quorumstore.client import Client
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
@@ -104,7 +105,7 @@ class HostedCluster:
         self.config = config
         self.addresses = config.node_addresses
         self.address = self.addresses[0]
-        self.admin_address = f"{config.host}:{config.admin_port}"
+        self.admin_address = host_port(config.host, config.admin_port)
         self._sc = spark.sparkContext
         self._coordinator = coordinator
         self._cluster_id = cluster_id

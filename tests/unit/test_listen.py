@@ -1,0 +1,40 @@
+"""Binding servers: addresses as gRPC takes them, and bind errors that say why."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from quorumstore.addresses import host_port
+from quorumstore.node.transport import SERVER_OPTIONS, listen
+
+
+def test_host_port_brackets_ipv6_literals_only() -> None:
+    assert host_port("127.0.0.1", 6648) == "127.0.0.1:6648"
+    assert host_port("node-1.example", 7) == "node-1.example:7"
+    assert host_port("::1", 6648) == "[::1]:6648"
+    assert host_port("[::1]", 6648) == "[::1]:6648"
+    assert host_port("fe80::2", 1) == "[fe80::2]:1"
+
+
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        ("127.0.0.1", "Address already in use"),  # the first server's port
+        ("192.0.2.1", "Cannot assign requested address"),  # TEST-NET-1: no address here
+    ],
+)
+def test_a_failed_bind_is_an_os_error_saying_why(host: str, why: str) -> None:
+    async def bind_twice() -> None:
+        first, second = (grpc.aio.server(options=SERVER_OPTIONS) for _ in range(2))
+        port = listen(first, "127.0.0.1", 0)
+        try:
+            with pytest.raises(OSError, match=rf"^cannot listen on {host}:{port}: {why}$"):
+                listen(second, host, port)
+        finally:
+            await first.stop(None)
+            await second.stop(None)
+
+    asyncio.run(bind_twice())
