@@ -132,11 +132,30 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
         ),
         ({"spark.quorumstore.walSync": "yes"}, "walSync: cannot read 'yes' as true or false"),
         ({"spark.quorumstore.basePort": "65534"}, "basePort must leave room"),
+        ({"spark.quorumstore.startTimeout": "nan"}, "startTimeout must be a positive number"),
+        ({"spark.quorumstore.startTimeout": "inf"}, "startTimeout must be a positive number"),
     ],
 )
 def test_bad_settings_are_named(conf: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         HostingConfig.resolve(conf)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"nodes": True}, "nodes must be of type int, got True (bool)"),
+        ({"shards": "8"}, "shards must be of type int, got '8' (str)"),
+        ({"start_timeout_s": "60"}, "start_timeout_s must be of type int or float"),
+        ({"wal_sync": 1}, "wal_sync must be of type bool, got 1 (int)"),
+        ({"data_dir": 5}, "data_dir must be of type str or path"),
+        ({"host": 5}, "host must be of type str"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(message)):
+        HostingConfig.resolve({}, **overrides)
+    assert HostingConfig.resolve({}, nodes=1, replication_factor=1, start_timeout_s=5).nodes == 1
 
 
 # ------------------------------------------------------------------ spark-submit

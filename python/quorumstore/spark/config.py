@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ class HostingConfig:
         values: dict[str, Any] = {}
         for name, (key, parse) in _KEYS.items():
             if overrides.get(name) is not None:
-                values[name] = overrides[name]
+                values[name] = _checked_override(name, overrides[name])
             elif PREFIX + key in conf:
                 raw = conf[PREFIX + key]
                 try:
@@ -136,8 +137,10 @@ class HostingConfig:
                 f"{PREFIX}basePort must leave room for {self.nodes} node ports and the coordinator's "
                 f"(1..{65535 - self.nodes}), got {self.base_port}"
             )
-        if self.start_timeout_s <= 0:
-            problems.append(f"{PREFIX}startTimeout must be positive, got {self.start_timeout_s}")
+        if not (math.isfinite(self.start_timeout_s) and self.start_timeout_s > 0):
+            problems.append(
+                f"{PREFIX}startTimeout must be a positive number of seconds, got {self.start_timeout_s}"
+            )
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(
                 f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}"
@@ -152,6 +155,27 @@ class HostingConfig:
     @property
     def admin_port(self) -> int:
         return self.base_port + self.nodes
+
+
+#: The types a keyword argument of `start` may have, per field (bool is no int here).
+_OVERRIDE_TYPES: dict[str, tuple[type, ...]] = {
+    "nodes": (int,),
+    "shards": (int,),
+    "replication_factor": (int,),
+    "base_port": (int,),
+    "start_timeout_s": (int, float),
+    "wal_sync": (bool,),
+    "data_dir": (str, os.PathLike),
+}
+
+
+def _checked_override(name: str, value: Any) -> Any:
+    """`value` if a keyword argument `name` may have it; TypeError naming both otherwise."""
+    kinds = _OVERRIDE_TYPES.get(name, (str,))
+    if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
+        return value
+    wanted = " or ".join("path" if k is os.PathLike else k.__name__ for k in kinds)
+    raise TypeError(f"{name} must be of type {wanted}, got {value!r} ({type(value).__name__})")
 
 
 def _describe(name: str) -> str:
