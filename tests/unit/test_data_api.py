@@ -426,6 +426,10 @@ def test_contradicting_key_filters_read_nothing() -> None:
     f.push(StringStartsWith(("key",), "a"))
     f.push(StringStartsWith(("key",), "b"))
     assert f.ranges([("", "")]) == []
+    # Nor do the point reads of an equality or IN that Spark no longer rechecks.
+    f.push(In(("key",), ["a/b", "b/c"]))
+    assert not f.matches("a/b") and not f.matches("b/c")
+    assert f.mask(pa.array(["a/b", "b/c"])).to_pylist() == [False, False]
     g = KeyFilter()
     g.push(In(("key",), ["x", "y"]))
     g.push(EqualTo(("key",), "z"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -224,7 +225,7 @@ class KeyFilter:
 
     def matches(self, key: str) -> bool:
         """Whether one key passes every pushed key filter (for planning point reads)."""
-        if self.keys is not None and key not in self.keys:
+        if self.empty or (self.keys is not None and key not in self.keys):
             return False
         if not key.startswith(self.prefix):
             return False
@@ -238,6 +239,8 @@ class KeyFilter:
 
     def mask(self, keys: pa.Array) -> pa.Array | None:
         """Which of `keys` pass every pushed key filter; None when all of them do."""
+        if self.empty:
+            return pa.array(np.zeros(len(keys), dtype=bool))
         conditions = []
         if self.keys is not None:
             conditions.append(pc.is_in(keys, value_set=pa.array(sorted(self.keys), pa.string())))
