@@ -312,6 +312,38 @@ def test_too_few_slots_fails_at_once(spark: SparkSession, tmp_path: Path) -> Non
 
 
 @LOCAL
+def test_a_start_that_times_out_leaves_nothing_running(
+    spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
+    """The node job is cancelled while it is being submitted: found leaving an orphan node
+    on the port (and the next start silently served by it) until Spark stopped."""
+    base = free_port_block(2)
+    sc = spark.sparkContext
+    for attempt in range(3):
+        started = time.monotonic()
+        with pytest.raises(quorumstore.spark.ClusterStartError, match="within 0.01 s"):
+            quorumstore.spark.start(
+                spark,
+                nodes=1,
+                replication_factor=1,
+                shards=1,
+                data_dir=tmp_path,
+                base_port=base,
+                start_timeout_s=0.01,
+            )
+        assert time.monotonic() - started < 20, f"attempt {attempt}: stop waited for the orphan"
+        assert sc.statusTracker().getActiveJobsIds() == []
+        assert _port_free(base) and current_slots(sc).busy == 0
+    with quorumstore.spark.start(
+        spark, nodes=1, replication_factor=1, shards=1, data_dir=tmp_path, base_port=base
+    ) as cluster:
+        pids = cluster.node_pids()
+        with cluster.client() as client:
+            assert client.put("/after-timeouts", b"v").version_id >= 0
+    _assert_gone(spark, cluster, pids)
+
+
+@LOCAL
 def test_slots_held_by_other_jobs_are_not_free(spark: SparkSession, tmp_path: Path) -> None:
     sc = spark.sparkContext
 

@@ -162,8 +162,9 @@ class HostedCluster:
         self._coordinator.stop()
         for job in self._jobs:
             job.cancel()
+        deadline = time.monotonic() + _EXIT_TIMEOUT_S
         for job in self._jobs:
-            job.join(_EXIT_TIMEOUT_S)
+            job.wait_cancelled(max(0.0, deadline - time.monotonic()))
         left = wait_for_exit(list(self.node_pids().values()), self._jobs, _EXIT_TIMEOUT_S)
         if left:
             log.warning(

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 #: Pause before resubmitting a failed node job: long enough for Spark to finish
 #: killing the old tasks, short against the seconds a barrier restart takes anyway.
 RESUBMIT_DELAY_S = 0.5
+#: How often a stopping job's group is cancelled again until its thread ends.
+RECANCEL_INTERVAL_S = 0.5
 
 _NODE_TASK = Path(quorumstore.__file__).resolve().parents[2] / "executor_node" / "node_task.py"
 
@@ -107,6 +109,24 @@ class NodeJob(threading.Thread):
     def cancel(self) -> None:
         """Stops resubmitting and cancels the running job; Spark then kills its tasks."""
         self._stopping.set()
+        self._cancel_group()
+
+    def wait_cancelled(self, timeout_s: float) -> bool:
+        """After `cancel()`: waits up to `timeout_s` for this thread to end; True if it did.
+
+        Cancels the job group again meanwhile: a cancel that lands after the loop checked
+        `_stopping` but before `collect()` submitted the job finds no job to cancel, and
+        the job would then run, holding its nodes' ports, until Spark stops."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.join(max(0.0, min(RECANCEL_INTERVAL_S, deadline - time.monotonic())))
+            if not self.is_alive():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self._cancel_group()
+
+    def _cancel_group(self) -> None:
         try:
             self._sc.cancelJobGroup(self.group)
         except Exception:
