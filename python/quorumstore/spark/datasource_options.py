@@ -17,10 +17,12 @@ from __future__ import annotations
 import difflib
 import enum
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import grpc
 from pyspark.errors import PySparkValueError
 
 from quorumstore.data_client import DataClient, DataClientError
@@ -59,7 +61,8 @@ _ALLOWED: dict[Use, set[str]] = {
     Use.STREAM_WRITE: _COMMON | {"valueColumns", "chunkRows", "checkpointLocation"},
 }
 _ALLOWED[Use.ANY_READ] = _ALLOWED[Use.READ] | _ALLOWED[Use.STREAM_READ]
-_ADDRESS = re.compile(r"[^\s,:]+:\d{1,5}")
+#: host:port, the host a name, an IPv4 address or a bracketed IPv6 one.
+_ADDRESS = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\s,:\[\]]+):\d{1,5}")
 DEFAULT_MAX_ROWS_PER_PARTITION = 1_000_000
 DEFAULT_CHUNK_ROWS = 65536
 
@@ -78,10 +81,11 @@ def _positive(
         value = kind(raw)
     except ValueError:
         value = 0
-    if value <= 0:
+    if not (value > 0 and math.isfinite(value)):  # a NaN timeout would never expire
         raise _error(
             "QUORUMSTORE_INVALID_OPTION",
-            f"option {name} must be a positive {kind.__name__}, got {raw!r}",
+            f"option {name} must be a positive {'finite number' if kind is float else 'int'}, "
+            f"got {raw!r}",
         )
     return value
 
@@ -126,7 +130,7 @@ class SourceOptions:
             raise _error(
                 "QUORUMSTORE_MISSING_OPTION",
                 "option address (host:port of a quorumstore node) is required, or register the "
-                "data source with quorumstore.spark.register(spark, address=...)",
+                "data source with quorumstore.spark.datasource.register(spark, address=...)",
             )
         nodes = [a.strip() for a in address.split(",")]
         if not all(_ADDRESS.fullmatch(a) for a in nodes):
@@ -206,12 +210,13 @@ def _parse_offsets(text: str, what: str) -> dict[str, int]:
     except json.JSONDecodeError:
         offsets = None
     if not isinstance(offsets, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= -1
         for k, v in offsets.items()
     ):
         raise _error(
             "QUORUMSTORE_INVALID_OPTION",
-            f"{what} must be 'latest', 'earliest' or JSON like {{\"default/0\": 41, \"default/1\": -1}}, got {text!r}",
+            f"{what} must be 'latest', 'earliest' or JSON like {{\"default/0\": 41, \"default/1\": -1}} "
+            f"(offsets of -1 or more: the offset after which to start), got {text!r}",
         )
     return offsets
 
@@ -228,6 +233,12 @@ def connect(options: SourceOptions) -> DataClient:
         client.shards(timeout_s=options.connect_timeout_s)
     except DataClientError as e:
         client.close()
+        if e.code == grpc.StatusCode.NOT_FOUND:  # reached, and it says what it has
+            raise _error(
+                "QUORUMSTORE_INVALID_OPTION",
+                f"option namespace: quorumstore at {options.address} has no namespace "
+                f"{options.namespace!r}: {e}",
+            ) from None
         raise _error(
             "QUORUMSTORE_UNREACHABLE",
             f"cannot reach quorumstore at {options.address} (namespace {options.namespace!r}) "

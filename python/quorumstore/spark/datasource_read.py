@@ -109,7 +109,7 @@ class QuorumstoreScan(DataSourceReader):
     """Reads committed records; key (and shard) filters prune shards and key ranges.
 
     Filter pushdown needs `spark.sql.python.filterPushdown.enabled=true` (Spark refuses
-    a reader that implements pushFilters otherwise); `quorumstore.spark.register` sets it.
+    a reader that implements pushFilters otherwise); `quorumstore.spark.datasource.register` sets it.
     Pushed key filters are evaluated exactly here, so Spark does not evaluate them again;
     `df.explain("formatted")` lists them under PushedFilters.
 

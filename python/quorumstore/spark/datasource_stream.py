@@ -64,9 +64,9 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
         with connect(options) as client:
             self._shards = [s.shard for s in client.shards()]
             if options.starting_offsets not in ("latest", "earliest"):
-                self._check_offsets(
-                    parse_offsets(options.starting_offsets), "option startingOffsets"
-                )
+                starting = parse_offsets(options.starting_offsets)
+                self._check_offsets(starting, "option startingOffsets")
+                self._check_readable(client, starting)
 
     def _key(self, shard: int) -> str:
         return f"{self.options.namespace}/{shard}"
@@ -77,6 +77,29 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
             raise QuorumstoreOptionError(
                 "QUORUMSTORE_INVALID_OPTION",
                 f"{what} must give an offset for exactly the shards {sorted(expected)}, got {sorted(offsets)}",
+            )
+
+    def _check_readable(self, client: DataClient, starting: dict[str, int]) -> None:
+        """Each shard's start lies between its oldest kept change and its commit offset, as
+        its leader says: below, the changes expired; above, the stream would wait for
+        offsets that may never be written, silently delivering nothing until then."""
+        for shard in self._shards:
+            key = self._key(shard)
+            offset, current = starting[key], client.offsets(shard)
+            if offset > current.commit_offset:
+                problem = f"is beyond its commit offset {current.commit_offset}"
+            elif offset < current.changes_kept_after:
+                problem = (
+                    f"is before its oldest kept change: the changes up to offset "
+                    f"{current.changes_kept_after} expired (notification retention)"
+                )
+            else:
+                continue
+            raise QuorumstoreOptionError(
+                "QUORUMSTORE_INVALID_OPTION",
+                f"option startingOffsets: {offset} for shard {key} {problem}; start between "
+                f"{current.changes_kept_after} and {current.commit_offset}, or use "
+                "'earliest' or 'latest'",
             )
 
     def _current(self, client: DataClient, earliest: bool) -> dict[str, int]:

@@ -353,5 +353,5 @@ def check_stream_mode(overwrite: bool) -> None:
     if overwrite:
         raise QuorumstoreOptionError(
             "QUORUMSTORE_INVALID_OPTION",
-            "the quorumstore sink supports the append and update output modes, not complete",
+            "the quorumstore sink supports the append output mode only, not complete or update",
         )
