@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -156,6 +157,10 @@ def test_arguments_of_the_wrong_type_are_named(overrides: dict[str, object], mes
     with pytest.raises(TypeError, match=re.escape(message)):
         HostingConfig.resolve({}, **overrides)
     assert HostingConfig.resolve({}, nodes=1, replication_factor=1, start_timeout_s=5).nodes == 1
+    # Strings are stripped as the same settings from the conf are.
+    assert HostingConfig.resolve({}, host=" 10.0.0.7 ").node_addresses[0] == "10.0.0.7:6648"
+    with pytest.raises(ValueError, match="host must not be empty"):
+        HostingConfig.resolve({}, host="  ")
 
 
 # ------------------------------------------------------------------ spark-submit
@@ -249,19 +254,24 @@ def test_start_write_read_kill_one_node_stop(
     tmp_path: Path,
     free_port_block: Callable[[int], int],
     capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The whole life of a hosted cluster, one placement per master to keep Spark time down:
     local[4] tries a task once, so there the driver resubmits the killed node's own job;
     in local-cluster the barrier job of all nodes is resubmitted."""
-    cluster = quorumstore.spark.start(
-        spark,
-        nodes=NODES,
-        shards=4,
-        replication_factor=3,
-        placement=placement,
-        data_dir=tmp_path,
-        base_port=free_port_block(NODES + 1),
-    )
+    with caplog.at_level(logging.WARNING, logger="quorumstore.spark.slots"):
+        cluster = quorumstore.spark.start(
+            spark,
+            nodes=NODES,
+            shards=4,
+            replication_factor=3,
+            placement=placement,
+            data_dir=tmp_path,
+            base_port=free_port_block(NODES + 1),
+        )
+    # local-cluster[3,1,1024] has 3 slots, all taken by the nodes; local[4] keeps one.
+    every_slot = "the 3 storage nodes take every free Spark task slot (3 of 3)"
+    assert (every_slot in caplog.text) == (placement == "barrier"), caplog.text
     try:
         assert cluster.addresses == [
             f"127.0.0.1:{cluster.config.base_port + i}" for i in range(NODES)
@@ -341,6 +351,14 @@ def test_a_start_that_times_out_leaves_nothing_running(
         with cluster.client() as client:
             assert client.put("/after-timeouts", b"v").version_id >= 0
     _assert_gone(spark, cluster, pids)
+    assert cluster.node_pids() == {}  # the exited node is no longer reported
+    # Restarted on its data, the cluster keeps its saved shard count, and its handle says so.
+    with quorumstore.spark.start(
+        spark, nodes=1, replication_factor=1, shards=4, data_dir=tmp_path, base_port=base
+    ) as again:
+        assert again.config.shards == 1 and "shards=1" in repr(again)
+        with again.client() as client:
+            assert client.get("/after-timeouts").value == b"v"
 
 
 @LOCAL

@@ -173,6 +173,8 @@ def _checked_override(name: str, value: Any) -> Any:
     """`value` if a keyword argument `name` may have it; TypeError naming both otherwise."""
     kinds = _OVERRIDE_TYPES.get(name, (str,))
     if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
+        if isinstance(value, str) and _KEYS[name][1] is str.strip:
+            return value.strip()  # as the same setting from the conf is
         return value
     wanted = " or ".join("path" if k is os.PathLike else k.__name__ for k in kinds)
     raise TypeError(f"{name} must be of type {wanted}, got {value!r} ({type(value).__name__})")

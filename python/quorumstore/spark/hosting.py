@@ -15,6 +15,7 @@ and returns a `HostedCluster` handle. See docs/running-on-spark.md for placement
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -37,6 +38,7 @@ from quorumstore.spark.coordinator_thread import CoordinatorThread
 from quorumstore.spark.node_jobs import (
     NodeJob,
     NodeJobState,
+    process_running,
     spark_stopped,
     submit_node_jobs,
     wait_for_exit,
@@ -45,6 +47,8 @@ from quorumstore.spark.slots import check_free_slots
 
 log = logging.getLogger(__name__)
 
+#: The namespace a hosted cluster creates, with `HostingConfig.shards` shards.
+NAMESPACE = "default"
 #: How long `stop()` waits for Spark to kill the node processes after cancelling.
 _EXIT_TIMEOUT_S = 30.0
 
@@ -137,7 +141,8 @@ class HostedCluster:
         """Node index -> pid of the Python worker running it, as its task last wrote it.
 
         Read from ``data_dir/node<i>.pid``, so only meaningful on the executors' machine
-        (local and local-cluster masters); pid files older than this cluster are ignored.
+        (local and local-cluster masters); pid files older than this cluster, and processes
+        that have exited, are left out.
         """
         pids = {}
         for i in range(self.config.nodes):
@@ -147,7 +152,7 @@ class HostedCluster:
                     pids[i] = int(pid_file.read_text())
             except (FileNotFoundError, ValueError):
                 continue
-        return pids
+        return {i: pid for i, pid in pids.items() if process_running(pid)}
 
     def stop(self) -> None:
         """Stops the nodes (cancels their Spark jobs) and the coordinator; idempotent.
@@ -210,6 +215,7 @@ class HostedCluster:
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
             if self._coordinator.call(_serving):
+                self._adopt_saved_shard_count()
                 return
             for job in self._jobs:
                 state = job.state()
@@ -225,6 +231,14 @@ class HostedCluster:
             f"(spark.quorumstore.startTimeout); the node tasks' logs are in the executors' stderr.\n"
             f"{self.status()}"
         )
+
+    def _adopt_saved_shard_count(self) -> None:
+        """A restart on existing data keeps the shard count saved with it (the coordinator
+        logs a warning when another was asked for); so does this handle's `config`."""
+        status = self._coordinator.call(CoordinatorServer.cluster_status)
+        shards = sum(1 for s in status.metadata.shards if s.namespace == NAMESPACE)
+        if shards != self.config.shards:
+            self.config = dataclasses.replace(self.config, shards=shards)
 
 
 def start(
@@ -314,7 +328,7 @@ def start(
         CoordinatorServerConfig(
             nodes=config.node_addresses,
             metadata_url=config.metadata_url,
-            namespaces={"default": config.shards},
+            namespaces={NAMESPACE: config.shards},
             replication_factor=config.replication_factor,
             admin_host=config.host,
             admin_port=config.admin_port,

@@ -250,14 +250,14 @@ def wait_for_exit(pids: list[int], jobs: list[NodeJob], timeout_s: float) -> lis
     deadline = time.monotonic() + timeout_s
     running = pids
     while time.monotonic() < deadline:
-        running = [p for p in running if _running(p)]
+        running = [p for p in running if process_running(p)]
         if not running and not any(job.running_tasks() for job in jobs):
             break
         time.sleep(0.1)
     return running
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -14,11 +14,14 @@ once; otherwise it waits, up to the start timeout, for executors still registeri
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
 
 from pyspark import SparkContext
+
+log = logging.getLogger(__name__)
 
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]")
 
@@ -48,6 +51,15 @@ def check_free_slots(sc: SparkContext, needed: int, timeout_s: float) -> None:
     while True:
         slots = current_slots(sc)
         if slots.free >= needed:
+            if slots.free == needed and configured is not None and configured == slots.total:
+                log.warning(
+                    "the %d storage nodes take every free Spark task slot (%d of %d): this "
+                    "application's other Spark jobs, DataFrame reads of quorumstore included, "
+                    "will wait until the cluster stops; give Spark at least one slot more",
+                    needed,
+                    slots.free,
+                    slots.total,
+                )
             return
         if time.monotonic() >= deadline:
             raise NotEnoughSlotsError(_message(sc, needed, slots, "free"))
