@@ -111,8 +111,8 @@ class NodeJob(threading.Thread):
         self._stopping.set()
         self._cancel_group()
 
-    def wait_cancelled(self, timeout_s: float) -> bool:
-        """After `cancel()`: waits up to `timeout_s` for this thread to end; True if it did.
+    def wait_cancelled(self, timeout_s: float) -> None:
+        """After `cancel()`: waits up to `timeout_s` for this thread to end.
 
         Cancels the job group again meanwhile: a cancel that lands after the loop checked
         `_stopping` but before `collect()` submitted the job finds no job to cancel, and
@@ -120,10 +120,8 @@ class NodeJob(threading.Thread):
         deadline = time.monotonic() + timeout_s
         while True:
             self.join(max(0.0, min(RECANCEL_INTERVAL_S, deadline - time.monotonic())))
-            if not self.is_alive():
-                return True
-            if time.monotonic() >= deadline:
-                return False
+            if not self.is_alive() or time.monotonic() >= deadline:
+                return
             self._cancel_group()
 
     def _cancel_group(self) -> None:
