@@ -23,7 +23,7 @@ def test_host_port_brackets_ipv6_literals_only() -> None:
     ("host", "why"),
     [
         ("127.0.0.1", "Address already in use"),  # the first server's port
-        ("192.0.2.1", "Cannot assign requested address"),  # TEST-NET-1: no address here
+        ("198.51.100.7", "Cannot assign requested address"),  # TEST-NET-2: not ours
     ],
 )
 def test_a_failed_bind_is_an_os_error_saying_why(host: str, why: str) -> None:
