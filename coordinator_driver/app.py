@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,15 +28,21 @@ CONF_FILE = Path(__file__).resolve().parents[1] / "conf" / "quorumstore.conf"
 POLL_S = 0.5
 
 
+#: A setting line as Java properties (and so spark-defaults.conf) read it: the key ends at
+#: the first whitespace, '=' or ':'; one '=' or ':' may follow; the rest is the value.
+_SETTING = re.compile(r"([^\s=:]+)\s*[=:]?\s*(.*)")
+
+
 def read_conf_file(path: Path) -> dict[str, str]:
     """``key value`` lines (spark-defaults format; ``key=value`` also works), # comments."""
     settings = {}
     for line in path.read_text().splitlines():
         line = line.strip()
-        if not line or line.startswith("#"):
+        if not line or line.startswith(("#", "!")):
             continue
-        key, _, value = line.replace("=", " ", 1).partition(" ")
-        settings[key] = value.strip()
+        match = _SETTING.fullmatch(line)
+        if match is not None:
+            settings[match[1]] = match[2].strip()
     return settings
 
 

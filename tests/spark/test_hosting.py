@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import os
 import re
@@ -161,6 +162,30 @@ def test_arguments_of_the_wrong_type_are_named(overrides: dict[str, object], mes
     assert HostingConfig.resolve({}, host=" 10.0.0.7 ").node_addresses[0] == "10.0.0.7:6648"
     with pytest.raises(ValueError, match="host must not be empty"):
         HostingConfig.resolve({}, host="  ")
+
+
+def test_the_conf_file_is_read_as_spark_reads_spark_defaults(tmp_path: Path) -> None:
+    """A tab separated nothing (the setting was dropped) and an '=' in a value became a space."""
+    spec = importlib.util.spec_from_file_location("app", REPO / "coordinator_driver" / "app.py")
+    assert spec is not None and spec.loader is not None
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    conf = tmp_path / "quorumstore.conf"
+    conf.write_text(
+        "# comment\n! also a comment\n\n"
+        "spark.quorumstore.nodes\t5\n"
+        "spark.quorumstore.shards = 4\n"
+        "spark.quorumstore.placement=independent\n"
+        "spark.quorumstore.metadataUrl   s3://b/m.pb?endpoint_url=http://x:9000\n"
+        "spark.quorumstore.dataDir /data/a=b \n"
+    )
+    assert app.read_conf_file(conf) == {
+        "spark.quorumstore.nodes": "5",
+        "spark.quorumstore.shards": "4",
+        "spark.quorumstore.placement": "independent",
+        "spark.quorumstore.metadataUrl": "s3://b/m.pb?endpoint_url=http://x:9000",
+        "spark.quorumstore.dataDir": "/data/a=b",
+    }
 
 
 # ------------------------------------------------------------------ spark-submit
