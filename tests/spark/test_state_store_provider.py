@@ -490,6 +490,34 @@ def test_unreachable_cluster_fails_with_a_clear_error(jvm: Jvm) -> None:
     assert time.monotonic() - started < 15
 
 
+@pytest.mark.parametrize(
+    ("confs", "message"),
+    [
+        ({"spark.quorumstore.address": ","}, "address must name at least one host:port, got ','"),
+        (
+            {"spark.quorumstore.timeoutMs": str(2**63 - 1)},
+            "timeoutMs must be at most 31536000000 (a year)",  # it overflowed to 1 ms
+        ),
+        (
+            {"spark.quorumstore.stateStore.snapshotInterval": "3000000000"},
+            "snapshotInterval must be at most 2147483647",  # it wrapped around
+        ),
+        (
+            {"spark.quorumstore.namespace": "nope", "spark.quorumstore.timeoutMs": "30000"},
+            "spark.quorumstore.namespace: the quorumstore cluster at",  # not 30 s of retries
+        ),
+    ],
+)
+def test_bad_settings_fail_at_once_naming_them(
+    jvm: Jvm, confs: dict[str, str], message: str
+) -> None:
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    started = time.monotonic()
+    with pytest.raises(Exception, match=re.escape(message)):
+        jvm.store(jvm.provider(PROVIDER_CLASS, "bad-settings", spec, quorum_confs=confs), 0)
+    assert time.monotonic() - started < 10
+
+
 def test_local_copy_is_unlinked_in_the_local_dir_and_a_bad_dir_is_named(
     jvm: Jvm, tmp_path: Path
 ) -> None:

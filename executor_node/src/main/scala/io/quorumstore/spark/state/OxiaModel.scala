@@ -48,6 +48,10 @@ final class WireException(
     cause: Throwable)
   extends RuntimeException(s"$code: $description", cause) {
 
+  /** The cluster has no such namespace: NOT_FOUND, or Oxia's UNKNOWN with this text. */
+  def namespaceNotFound: Boolean =
+    code == "NOT_FOUND" || String.valueOf(description).startsWith("oxia: namespace not found")
+
   /** Whether retrying (after refreshing shard assignments) may succeed. */
   def retryable: Boolean = code match {
     case "UNAVAILABLE" | "DEADLINE_EXCEEDED" | "ABORTED" | "RESOURCE_EXHAUSTED" | "CANCELLED" =>

@@ -45,7 +45,9 @@ final class QuorumClient private (val addresses: Seq[String], val namespace: Str
           math.min(remainingMs(deadlineNanos), 10000L))
         if (fresh.isEmpty) lastError = new IllegalStateException(s"$address sent no shards")
       } catch {
-        case e: WireException if e.code == "NOT_FOUND" => throw e
+        case e: WireException if e.namespaceNotFound =>
+          throw new IllegalArgumentException(s"${QuorumConf.Namespace}: the quorumstore " +
+            s"cluster at $address has no namespace '$namespace' (${e.description})", e)
         case NonFatal(e) => lastError = e
       }
     }

@@ -26,6 +26,7 @@ object QuorumConf {
   val Namespace = "spark.quorumstore.namespace"
   val Prefix = "spark.quorumstore.stateStore.prefix"
   val TimeoutMs = "spark.quorumstore.timeoutMs"
+  val MaxTimeoutMs: Long = 365L * 24 * 3600 * 1000
   val SnapshotInterval = "spark.quorumstore.stateStore.snapshotInterval"
   val ChunkBytes = "spark.quorumstore.stateStore.chunkBytes"
   val MaxWriteBytes = "spark.quorumstore.stateStore.maxWriteBytes"
@@ -65,25 +66,37 @@ object QuorumConf {
       value
     }
 
-    val addresses = get(Address, "127.0.0.1:6648").split(",").map(_.trim).filter(_.nonEmpty).toSeq
+    def positiveInt(key: String, default: Int): Int = {
+      val value = positive(key, default.toLong)
+      require(value <= Int.MaxValue, s"$key must be at most ${Int.MaxValue}, got $value")
+      value.toInt
+    }
+
+    val addressList = get(Address, "127.0.0.1:6648")
+    val addresses = addressList.split(",").map(_.trim).filter(_.nonEmpty).toSeq
+    require(addresses.nonEmpty, s"$Address must name at least one host:port, got '$addressList'")
     addresses.foreach { a =>
       require(a.lastIndexOf(':') > 0 && a.substring(a.lastIndexOf(':') + 1).forall(_.isDigit),
         s"$Address must be host:port (comma-separated for several nodes), got '$a'")
     }
     val prefix = get(Prefix, "statestore").stripSuffix("/")
     require(!prefix.startsWith("/"), s"$Prefix must not start with '/', got '$prefix'")
-    val chunkBytes = positive(ChunkBytes, 1L << 20)
-    val maxWriteBytes = positive(MaxWriteBytes, 3L << 20)
+    val chunkBytes = positiveInt(ChunkBytes, 1 << 20)
+    val maxWriteBytes = positiveInt(MaxWriteBytes, 3 << 20)
     require(chunkBytes < maxWriteBytes, s"$ChunkBytes ($chunkBytes) must be below " +
       s"$MaxWriteBytes ($maxWriteBytes)")
+    val timeoutMs = positive(TimeoutMs, 60000L)
+    // Deadlines are System.nanoTime() + timeoutMs * 10^6, which must not overflow.
+    require(timeoutMs <= MaxTimeoutMs, s"$TimeoutMs must be at most $MaxTimeoutMs (a year), " +
+      s"got $timeoutMs")
     QuorumConf(
       addresses = addresses,
       namespace = get(Namespace, "default"),
       prefix = prefix,
-      timeoutMs = positive(TimeoutMs, 60000L),
-      snapshotInterval = positive(SnapshotInterval, 10L).toInt,
-      chunkBytes = chunkBytes.toInt,
-      maxWriteBytes = maxWriteBytes.toInt,
+      timeoutMs = timeoutMs,
+      snapshotInterval = positiveInt(SnapshotInterval, 10),
+      chunkBytes = chunkBytes,
+      maxWriteBytes = maxWriteBytes,
       localDir = new File(get(LocalDir, defaultLocalDir)).getAbsoluteFile)
   }
 
