@@ -68,6 +68,11 @@ class NodeTaskSpec:
     def pid_file(self, index: int) -> Path:
         return Path(self.data_dir) / f"node{index}.pid"
 
+    def start_error_file(self, index: int) -> Path:
+        """Why the node's last start failed, while it is failing; read by the driver's
+        start timeout on local masters, as the pid file is."""
+        return Path(self.data_dir) / f"node{index}.start-error"
+
 
 def serve_partition(spec: NodeTaskSpec, indices: Iterable[int]) -> Iterator[str]:
     """``mapPartitions`` body: runs the node whose index is the partition's only element.
@@ -128,10 +133,12 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
                 e,
                 delay,
             )
+            spec.start_error_file(index).write_text(f"{type(e).__name__}: {e}\n")
             await _stop_quietly(node)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESTART_DELAY_MAX_S)
             continue
+        spec.start_error_file(index).unlink(missing_ok=True)
         log.info(
             "node %d serving on %s (pid %d, data in %s)",
             index,

@@ -413,6 +413,25 @@ def test_slots_held_by_other_jobs_are_not_free(spark: SparkSession, tmp_path: Pa
 
 
 @LOCAL
+def test_a_start_timeout_says_why_a_node_could_not_start(
+    spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
+    """The reason was only in the executors' logs: the error said 'within N s' and no more."""
+    base = free_port_block(NODES + 1)
+    with (
+        socket.create_server(("127.0.0.1", base + 1)),
+        pytest.raises(
+            quorumstore.spark.ClusterStartError,
+            match=rf"within 6 s .*\nnode 1 could not start: OSError: .*port {base + 1} is in use",
+        ),
+    ):
+        quorumstore.spark.start(
+            spark, nodes=NODES, shards=1, data_dir=tmp_path, base_port=base, start_timeout_s=6
+        )
+    assert current_slots(spark.sparkContext).busy == 0
+
+
+@LOCAL
 def test_node_error_restarts_inside_its_task(
     spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]
 ) -> None:

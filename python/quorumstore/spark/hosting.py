@@ -145,14 +145,25 @@ class HostedCluster:
         that have exited, are left out.
         """
         pids = {}
-        for i in range(self.config.nodes):
-            pid_file = Path(self.config.data_dir) / f"node{i}.pid"
+        for i, text in self._node_files("pid").items():
             try:
-                if pid_file.stat().st_mtime >= self._started_at - 1:
-                    pids[i] = int(pid_file.read_text())
-            except (FileNotFoundError, ValueError):
+                pids[i] = int(text)
+            except ValueError:
                 continue
         return {i: pid for i, pid in pids.items() if process_running(pid)}
+
+    def _node_files(self, suffix: str) -> dict[int, str]:
+        """Node index -> text of ``data_dir/node<i>.<suffix>``, which node tasks write on
+        this machine, where not older than this cluster."""
+        found = {}
+        for i in range(self.config.nodes):
+            path = Path(self.config.data_dir) / f"node{i}.{suffix}"
+            try:
+                if path.stat().st_mtime >= self._started_at - 1:
+                    found[i] = path.read_text().strip()
+            except FileNotFoundError:
+                continue
+        return found
 
     def stop(self) -> None:
         """Stops the nodes (cancels their Spark jobs) and the coordinator; idempotent.
@@ -226,10 +237,14 @@ class HostedCluster:
             if spark_stopped(self._sc):
                 raise ClusterStartError("the SparkContext stopped while the cluster was starting")
             time.sleep(0.1)
+        failing = "".join(
+            f"\nnode {i} could not start: {why}"
+            for i, why in sorted(self._node_files("start-error").items())
+        )
         raise ClusterStartError(
             f"not every shard had a leader and all its replicas within {self.config.start_timeout_s:g} s "
-            f"(spark.quorumstore.startTimeout); the node tasks' logs are in the executors' stderr.\n"
-            f"{self.status()}"
+            f"(spark.quorumstore.startTimeout); the node tasks' logs are in the executors' stderr."
+            f"{failing}\n{self.status()}"
         )
 
     def _adopt_saved_shard_count(self) -> None:
