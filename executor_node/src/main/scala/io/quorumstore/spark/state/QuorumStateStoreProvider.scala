@@ -59,6 +59,9 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     this.hadoopConf = hadoopConf
     this.useColumnFamilies = useColumnFamilies
     this.conf = QuorumConf.from(hadoopConf)
+    // Only a load in bulk writes there, which may come hours later (on a restart): a
+    // directory that cannot be written to fails the query now, naming the setting.
+    FamilyMap.localFile(conf.localDir).close()
     val client = QuorumClient.shared(conf.addresses, conf.namespace)
     partition = new PartitionStore(client,
       new StateKeys(PartitionKey(conf, stateStoreId, hadoopConf)), conf)
