@@ -494,6 +494,9 @@ def test_unreachable_cluster_fails_with_a_clear_error(jvm: Jvm) -> None:
     ("confs", "message"),
     [
         ({"spark.quorumstore.address": ","}, "address must name at least one host:port, got ','"),
+        ({"spark.quorumstore.address": "127.0.0.1:"}, "address must be host:port"),
+        ({"spark.quorumstore.address": "127.0.0.1:99999"}, "address must be host:port"),
+        ({"spark.quorumstore.address": "http://127.0.0.1:6648"}, "address must be host:port"),
         (
             {"spark.quorumstore.timeoutMs": str(2**63 - 1)},
             "timeoutMs must be at most 31536000000 (a year)",  # it overflowed to 1 ms

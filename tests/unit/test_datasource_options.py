@@ -20,6 +20,7 @@ from quorumstore.spark.datasource_options import (
     connect,
 )
 from quorumstore.spark.datasource_stream import QuorumstoreChangeFeed
+from quorumstore.spark.datasource_write import check_stream_mode
 from quorumstore.testing import standalone_server
 
 SHARDS = 2
@@ -53,6 +54,13 @@ def test_addresses_may_be_ipv6_literals_in_brackets() -> None:
     parsed = SourceOptions.parse({"address": "[::1]:6648, 10.0.0.2:7000"}, Use.READ)
     assert parsed.address == "[::1]:6648,10.0.0.2:7000"
     _refused({"address": "::1:6648"}, Use.READ, "QUORUMSTORE_INVALID_OPTION", "host:port")
+
+
+def test_the_sink_names_the_one_output_mode_it_supports() -> None:
+    """It advertised update mode too, which Spark then refused for it."""
+    with pytest.raises(QuorumstoreOptionError, match="append output mode only, not complete"):
+        check_stream_mode(overwrite=True)
+    check_stream_mode(overwrite=False)
 
 
 @pytest.mark.parametrize("offsets", ['{"default/0": -5, "default/1": 0}', '{"default/0": 1.5}'])

@@ -76,7 +76,10 @@ object QuorumConf {
     val addresses = addressList.split(",").map(_.trim).filter(_.nonEmpty).toSeq
     require(addresses.nonEmpty, s"$Address must name at least one host:port, got '$addressList'")
     addresses.foreach { a =>
-      require(a.lastIndexOf(':') > 0 && a.substring(a.lastIndexOf(':') + 1).forall(_.isDigit),
+      val (host, port) = (a.take(a.lastIndexOf(':')), a.drop(a.lastIndexOf(':') + 1))
+      val validPort = port.nonEmpty && port.length <= 5 && port.forall(_.isDigit) &&
+        (1 to 65535).contains(port.toInt)
+      require(host.nonEmpty && !host.contains('/') && validPort,
         s"$Address must be host:port (comma-separated for several nodes), got '$a'")
     }
     val prefix = get(Prefix, "statestore").stripSuffix("/")
