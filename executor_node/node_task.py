@@ -39,6 +39,7 @@ from pathlib import Path
 from quorumstore import event_loops
 from quorumstore.node.node import Node, NodeConfig
 from quorumstore.node.transport import probe_port
+from quorumstore.spark.config import node_path
 
 log = logging.getLogger("quorumstore.spark.node_task")
 
@@ -63,15 +64,15 @@ class NodeTaskSpec:
     log_level: str
 
     def node_dir(self, index: int) -> Path:
-        return Path(self.data_dir) / f"node{index}"
+        return node_path(self.data_dir, index)
 
     def pid_file(self, index: int) -> Path:
-        return Path(self.data_dir) / f"node{index}.pid"
+        return node_path(self.data_dir, index, ".pid")
 
     def start_error_file(self, index: int) -> Path:
         """Why the node's last start failed, while it is failing; read by the driver's
         start timeout on local masters, as the pid file is."""
-        return Path(self.data_dir) / f"node{index}.start-error"
+        return node_path(self.data_dir, index, ".start-error")
 
 
 def serve_partition(spec: NodeTaskSpec, indices: Iterable[int]) -> Iterator[str]:

@@ -180,6 +180,12 @@ def _checked_override(name: str, value: Any) -> Any:
     raise TypeError(f"{name} must be of type {wanted}, got {value!r} ({type(value).__name__})")
 
 
+def node_path(data_dir: str | os.PathLike[str], index: int, suffix: str = "") -> Path:
+    """Node `index`'s data directory, or with `suffix` (".pid", ".start-error") a file its
+    task keeps beside it, which the driver reads on local masters."""
+    return Path(data_dir) / f"node{index}{suffix}"
+
+
 def _describe(name: str) -> str:
     return {
         "wal_sync": "true or false",

@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -31,9 +30,10 @@ from pyspark.sql import SparkSession
 from quorumstore.addresses import host_port
 from quorumstore.cli import all_replicas_serving, format_status
 from quorumstore.client import Client
+from quorumstore.client.async_client import DEFAULT_NAMESPACE
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 from quorumstore.proto import replication_pb2 as pb
-from quorumstore.spark.config import HostingConfig
+from quorumstore.spark.config import HostingConfig, node_path
 from quorumstore.spark.coordinator_thread import CoordinatorThread
 from quorumstore.spark.node_jobs import (
     NodeJob,
@@ -47,8 +47,6 @@ from quorumstore.spark.slots import check_free_slots
 
 log = logging.getLogger(__name__)
 
-#: The namespace a hosted cluster creates, with `HostingConfig.shards` shards.
-NAMESPACE = "default"
 #: How long `stop()` waits for Spark to kill the node processes after cancelling.
 _EXIT_TIMEOUT_S = 30.0
 
@@ -144,20 +142,18 @@ class HostedCluster:
         (local and local-cluster masters); pid files older than this cluster, and processes
         that have exited, are left out.
         """
-        pids = {}
-        for i, text in self._node_files("pid").items():
-            try:
-                pids[i] = int(text)
-            except ValueError:
-                continue
-        return {i: pid for i, pid in pids.items() if process_running(pid)}
+        return {
+            i: int(text)
+            for i, text in self._node_files(".pid").items()
+            if text.isdigit() and process_running(int(text))
+        }
 
     def _node_files(self, suffix: str) -> dict[int, str]:
-        """Node index -> text of ``data_dir/node<i>.<suffix>``, which node tasks write on
+        """Node index -> text of ``data_dir/node<i><suffix>``, which node tasks write on
         this machine, where not older than this cluster."""
         found = {}
         for i in range(self.config.nodes):
-            path = Path(self.config.data_dir) / f"node{i}.{suffix}"
+            path = node_path(self.config.data_dir, i, suffix)
             try:
                 if path.stat().st_mtime >= self._started_at - 1:
                     found[i] = path.read_text().strip()
@@ -225,8 +221,9 @@ class HostedCluster:
         self._jobs = submit_node_jobs(self._sc, self.config, self._cluster_id)
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
-            if self._coordinator.call(_serving):
-                self._adopt_saved_shard_count()
+            status = self._coordinator.call(CoordinatorServer.cluster_status)
+            if _serving(status):
+                self._adopt_saved_shard_count(status)
                 return
             for job in self._jobs:
                 state = job.state()
@@ -239,7 +236,7 @@ class HostedCluster:
             time.sleep(0.1)
         failing = "".join(
             f"\nnode {i} could not start: {why}"
-            for i, why in sorted(self._node_files("start-error").items())
+            for i, why in sorted(self._node_files(".start-error").items())
         )
         raise ClusterStartError(
             f"not every shard had a leader and all its replicas within {self.config.start_timeout_s:g} s "
@@ -247,11 +244,10 @@ class HostedCluster:
             f"{failing}\n{self.status()}"
         )
 
-    def _adopt_saved_shard_count(self) -> None:
+    def _adopt_saved_shard_count(self, status: pb.ClusterStatus) -> None:
         """A restart on existing data keeps the shard count saved with it (the coordinator
         logs a warning when another was asked for); so does this handle's `config`."""
-        status = self._coordinator.call(CoordinatorServer.cluster_status)
-        shards = sum(1 for s in status.metadata.shards if s.namespace == NAMESPACE)
+        shards = sum(1 for s in status.metadata.shards if s.namespace == DEFAULT_NAMESPACE)
         if shards != self.config.shards:
             self.config = dataclasses.replace(self.config, shards=shards)
 
@@ -343,7 +339,7 @@ def start(
         CoordinatorServerConfig(
             nodes=config.node_addresses,
             metadata_url=config.metadata_url,
-            namespaces={NAMESPACE: config.shards},
+            namespaces={DEFAULT_NAMESPACE: config.shards},
             replication_factor=config.replication_factor,
             admin_host=config.host,
             admin_port=config.admin_port,
@@ -360,9 +356,8 @@ def start(
     return cluster
 
 
-def _serving(server: CoordinatorServer) -> bool:
+def _serving(status: pb.ClusterStatus) -> bool:
     """The coordinator reaches every node, and every replica of every shard follows its
     leader: a majority elects the leader and the last member joins a moment later, and
     ``start()`` returns only once the whole cluster is in place."""
-    status = server.cluster_status()
     return all(status.nodes_alive.values()) and all_replicas_serving(status)
