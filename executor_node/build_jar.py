@@ -6,7 +6,8 @@
 
 Compiles executor_node/src/main/scala with the Scala 2.13 compiler that ships inside the
 pyspark wheel (classpath: pyspark/jars/*, which also holds Spark and the shaded gRPC),
-adds the Oxia client descriptor set generated from proto/oxia_client.proto, and writes
+adds the Oxia client descriptor set generated from proto/oxia_client.proto and the list of
+settings (python/quorumstore/spark/conf_keys.txt), and writes
 executor_node/target/quorumstore-state-store.jar. A fingerprint of the inputs is stored in
 the jar, so an unchanged tree is not rebuilt. Classes are compiled in a temporary
 directory: the only file left behind is the jar.
@@ -34,6 +35,9 @@ PROTO = ROOT / "proto" / "oxia_client.proto"
 JAR = HERE / "target" / "quorumstore-state-store.jar"
 #: Where the provider looks for the descriptor set (OxiaWire.DescriptorResource).
 DESCRIPTOR_RESOURCE = "io/quorumstore/spark/state/oxia_client.desc"
+#: The list of every spark.quorumstore.* setting, shared with Python (QuorumConf.KeysResource).
+CONF_KEYS = ROOT / "python" / "quorumstore" / "spark" / "conf_keys.txt"
+CONF_KEYS_RESOURCE = "io/quorumstore/spark/state/conf_keys.txt"
 FINGERPRINT_ENTRY = "META-INF/quorumstore-build.sha256"
 
 
@@ -60,7 +64,7 @@ def scala_sources() -> list[Path]:
 def fingerprint(sources: list[Path], jars: Path) -> str:
     """Digest of everything the jar is made from, including this script and pyspark's version."""
     digest = hashlib.sha256()
-    for path in [*sources, PROTO, Path(__file__).resolve()]:
+    for path in [*sources, PROTO, CONF_KEYS, Path(__file__).resolve()]:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(",".join(sorted(p.name for p in jars.glob("spark-*.jar"))).encode())
     return digest.hexdigest()
@@ -146,6 +150,7 @@ def build(force: bool = False) -> Path:
             classes = Path(tmp)
             compile_scala(sources, jars, classes)
             write_descriptor_set(classes / DESCRIPTOR_RESOURCE)
+            shutil.copyfile(CONF_KEYS, classes / CONF_KEYS_RESOURCE)
             write_jar(classes, digest)
     return JAR
 

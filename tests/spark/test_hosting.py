@@ -195,27 +195,44 @@ def test_the_conf_file_is_read_as_spark_reads_spark_defaults(tmp_path: Path) -> 
 SPARK_SUBMIT = Path(pyspark.__file__).parent / "bin" / "spark-submit"
 
 
-def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float) -> re.Match[str]:
-    """The first match of `pattern` in the process's output (which is drained to the end)."""
-    seen: list[str] = []
-    found: list[re.Match[str]] = []
-    matched = threading.Event()
+class _Output:
+    """A process's output, drained in a thread as it comes."""
 
-    def drain() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            seen.append(line)
-            if not found and (match := re.search(pattern, line)):
-                found.append(match)
-                matched.set()
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self._process = process
+        self._lines: list[str] = []
+        self._changed = threading.Condition()
+        self._drain = threading.Thread(target=self._read, daemon=True)
+        self._drain.start()
 
-    threading.Thread(target=drain, daemon=True).start()
-    if not matched.wait(timeout_s):
-        process.kill()
-        pytest.fail(
-            f"no line matching {pattern!r} within {timeout_s:g} s; output:\n{''.join(seen)[-5000:]}"
-        )
-    return found[0]
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            with self._changed:
+                self._lines.append(line)
+                self._changed.notify_all()
+
+    def text(self) -> str:
+        with self._changed:
+            return "".join(self._lines)
+
+    def wait_for(self, pattern: str, timeout_s: float) -> re.Match[str]:
+        """The first match of `pattern` in a line; kills the process when none comes."""
+        with self._changed:
+            matched = self._changed.wait_for(
+                lambda: any(re.search(pattern, line) for line in self._lines), timeout_s
+            )
+        if not matched:
+            self._process.kill()
+            pytest.fail(
+                f"no line matching {pattern!r} within {timeout_s:g} s:\n{self.text()[-5000:]}"
+            )
+        match = next(m for line in self._lines if (m := re.search(pattern, line)))
+        return match
+
+    def until_closed(self, timeout_s: float) -> str:
+        self._drain.join(timeout_s)
+        return self.text()
 
 
 def test_spark_submit_app_serves_until_sigterm(
@@ -231,6 +248,8 @@ def test_spark_submit_app_serves_until_sigterm(
         f"spark.quorumstore.dataDir={tmp_path}",
         "--conf",
         "spark.quorumstore.shards=2",
+        "--conf",
+        "spark.quorumstore.replicationfactor=1",  # misspelled: warned about, not used
         "coordinator_driver/app.py",
     ]
     env = {**os.environ, "SPARK_CONF_DIR": "conf", "PYSPARK_PYTHON": sys.executable}
@@ -238,8 +257,14 @@ def test_spark_submit_app_serves_until_sigterm(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        match = _read_until(app, r"quorumstore client endpoint: (\S+)", 240)
+        output = _Output(app)
+        match = output.wait_for(r"quorumstore client endpoint: (\S+)", 240)
         assert match[1] == f"127.0.0.1:{base}"
+        assert (
+            "unknown setting spark.quorumstore.replicationfactor (ignored); "
+            "did you mean spark.quorumstore.replicationFactor?"
+        ) in output.text()
+        output.wait_for("Serving until SIGTERM", 30)
         with quorumstore.Client(match[1]) as client:
             client.put("/submitted", b"yes")
             assert client.get("/submitted").value == b"yes"
@@ -258,6 +283,12 @@ def test_spark_submit_app_serves_until_sigterm(
         while any(_alive(p) for p in nodes + python_driver) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert [p for p in nodes + python_driver if _alive(p)] == []
+        # The cluster stops before Spark does (coordinator_driver/app.py's shutdown hook):
+        # no node task reported as a crashed worker, no node lost, no failed hook.
+        after_sigterm = output.until_closed(30).split("Serving until SIGTERM", 1)[1]
+        assert "quorumstore stopped" in after_sigterm
+        for symptom in ("ERROR", "lost node", "ShutdownHook", "Traceback"):
+            assert symptom not in after_sigterm, after_sigterm
     finally:
         if app.poll() is None:
             app.kill()

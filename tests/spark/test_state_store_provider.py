@@ -31,6 +31,7 @@ import xxhash
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from quorumstore.spark.conf_keys import KNOWN_KEYS
 from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS, spark_confs
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -573,6 +574,29 @@ def test_local_copy_is_unlinked_in_the_local_dir_and_a_bad_dir_is_named(
         Exception, match=re.escape(str(not_a_dir)) + ".*spark.quorumstore.stateStore.localDir"
     ):
         jvm.provider(PROVIDER_CLASS, "local-dir-fresh", spec, quorum_confs=confs)
+
+
+def test_misspelled_settings_are_warned_about_from_the_list_python_uses(jvm: Jvm) -> None:
+    conf = jvm.jvm.io.quorumstore.spark.state.QuorumConf
+    known = jvm.jvm.scala.jdk.javaapi.CollectionConverters.asJava(conf.knownKeys())
+    assert set(known) == KNOWN_KEYS  # the jar carries Python's conf_keys.txt
+    warning = conf.unknownKeyWarning("spark.quorumstore.Address")
+    assert warning.get() == (
+        "unknown setting spark.quorumstore.Address (ignored); "
+        "did you mean spark.quorumstore.address?"
+    )
+    assert "docs/state-store.md" in conf.unknownKeyWarning("spark.quorumstore.zzz").get()
+    assert conf.unknownKeyWarning("spark.quorumstore.address").isEmpty()
+    assert conf.unknownKeyWarning("spark.sql.shuffle.partitions").isEmpty()
+    # A provider with a misspelled setting starts, warns and uses the default.
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    confs = {"spark.quorumstore.stateStore.prefx": "elsewhere"}
+    store = jvm.store(jvm.provider(PROVIDER_CLASS, "misspelled", spec, quorum_confs=confs), 0)
+    store.put(jvm.row("k", 1), jvm.row(1), "default")
+    store.commit()
+    fresh = jvm.store(jvm.provider(PROVIDER_CLASS, "misspelled", spec), 1)
+    assert len(jvm.rows(fresh.iterator("default"))) == 1
+    fresh.abort()
 
 
 # ------------------------------------------------------- operators: RocksDB vs quorumstore

@@ -1,4 +1,4 @@
-"""The examples in the client modules' docstrings run as written."""
+"""The examples in module docstrings (the client's, the Spark settings') run as written."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ MODULES = [
     "quorumstore.client.routing",
     "quorumstore.client.retry",
     "quorumstore.client.loop_thread",
+    "quorumstore.spark.conf_keys",
 ]
 
 

@@ -33,6 +33,7 @@ from quorumstore.client import Client
 from quorumstore.client.async_client import DEFAULT_NAMESPACE
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 from quorumstore.proto import replication_pb2 as pb
+from quorumstore.spark.conf_keys import warn_unknown_keys
 from quorumstore.spark.config import HostingConfig, node_path
 from quorumstore.spark.coordinator_thread import CoordinatorThread
 from quorumstore.spark.node_jobs import (
@@ -320,8 +321,10 @@ def start(
     >>> cluster.stop()  # doctest: +SKIP
     """
     sc = spark.sparkContext
+    settings = dict(sc.getConf().getAll())
+    warn_unknown_keys(settings, "Spark settings")
     config = HostingConfig.resolve(
-        dict(sc.getConf().getAll()),
+        settings,
         nodes=nodes,
         shards=shards,
         replication_factor=replication_factor,

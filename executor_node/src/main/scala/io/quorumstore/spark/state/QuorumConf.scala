@@ -2,9 +2,15 @@ package io.quorumstore.spark.state
 
 import java.io.File
 
+import java.util.concurrent.ConcurrentHashMap
+
+import scala.io.Source
+import scala.jdk.CollectionConverters._
+
 import org.apache.hadoop.conf.Configuration
 
 import org.apache.spark.SparkEnv
+import org.apache.spark.internal.Logging
 
 /**
  * The provider's settings, read from Spark confs named `spark.quorumstore.*`. Session confs
@@ -21,7 +27,7 @@ final case class QuorumConf(
     maxWriteBytes: Int,
     localDir: File)
 
-object QuorumConf {
+object QuorumConf extends Logging {
   val Address = "spark.quorumstore.address"
   val Namespace = "spark.quorumstore.namespace"
   val Prefix = "spark.quorumstore.stateStore.prefix"
@@ -50,7 +56,46 @@ object QuorumConf {
     dirs.map(_.trim).find(_.nonEmpty).getOrElse(System.getProperty("java.io.tmpdir"))
   }
 
+  val KeyPrefix = "spark.quorumstore."
+  /** Every `spark.quorumstore.*` setting, Python's and ours: conf_keys.txt, put in the jar by
+   * build_jar.py from python/quorumstore/spark/. */
+  val KeysResource = "io/quorumstore/spark/state/conf_keys.txt"
+
+  lazy val knownKeys: Set[String] = {
+    val stream = getClass.getClassLoader.getResourceAsStream(KeysResource)
+    require(stream != null, s"$KeysResource is missing from the quorumstore jar; rebuild it " +
+      "with python executor_node/build_jar.py --force")
+    val source = Source.fromInputStream(stream, "UTF-8")
+    try source.getLines().map(_.trim).filter(l => l.nonEmpty && !l.startsWith("#")).toSet
+    finally source.close()
+  }
+
+  /** Unknown keys already warned about in this JVM: providers are made per partition. */
+  private val warnedKeys = ConcurrentHashMap.newKeySet[String]()
+
+  /** The warning for a `spark.quorumstore.*` key that nothing reads, e.g. a misspelling. */
+  def unknownKeyWarning(key: String): Option[String] =
+    if (!key.startsWith(KeyPrefix) || knownKeys.contains(key)) None
+    else {
+      val hint = knownKeys.find(_.equalsIgnoreCase(key)).map(k => s"did you mean $k?")
+        .getOrElse("the state store's settings are in docs/state-store.md")
+      Some(s"unknown setting $key (ignored); $hint")
+    }
+
+  private def warnUnknownKeys(hadoopConf: Configuration): Unit = {
+    val fromHadoop = Option(hadoopConf).map(_.getPropsWithPrefix(KeyPrefix).asScala.keys)
+      .getOrElse(Nil)
+    val fromSpark = Option(SparkEnv.get).map(_.conf.getAllWithPrefix(KeyPrefix).map(_._1).toSeq)
+      .getOrElse(Nil)
+    for {
+      key <- (fromHadoop ++ fromSpark).map(KeyPrefix + _)
+      warning <- unknownKeyWarning(key)
+      if warnedKeys.add(key)
+    } logWarning(warning)
+  }
+
   def from(hadoopConf: Configuration): QuorumConf = {
+    warnUnknownKeys(hadoopConf)
     def get(key: String, default: String): String =
       Option(hadoopConf).flatMap(c => Option(c.get(key)))
         .orElse(Option(SparkEnv.get).flatMap(_.conf.getOption(key)))
