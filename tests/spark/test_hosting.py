@@ -295,6 +295,58 @@ def test_spark_submit_app_serves_until_sigterm(
             app.wait()
 
 
+_EXIT_WITHOUT_STOP = """
+import sys
+from pyspark.sql import SparkSession
+import quorumstore.spark
+
+spark = SparkSession.builder.master("local[4]").config("spark.ui.enabled", "false").getOrCreate()
+cluster = quorumstore.spark.start(spark, base_port=int(sys.argv[1]), data_dir=sys.argv[2], shards=2)
+with cluster.client() as client:
+    if sys.argv[3] == "write":
+        client.put("/before-exit", b"kept")
+    else:
+        print("read", client.get("/before-exit").value.decode(), flush=True)
+print("node pids", *cluster.node_pids().values(), flush=True)
+"""
+
+
+def _exit_without_stop(base: int, data_dir: Path, mode: str) -> str:
+    """Runs _EXIT_WITHOUT_STOP; checks its nodes, ports and output are gone or clean."""
+    script = subprocess.run(
+        [sys.executable, "-c", _EXIT_WITHOUT_STOP, str(base), str(data_dir), mode],
+        cwd=data_dir,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    output = script.stdout + script.stderr
+    assert script.returncode == 0, output
+    match = re.search(r"node pids (.*)", script.stdout)
+    assert match is not None, output
+    pids = [int(p) for p in match[1].split()]
+    assert len(pids) == NODES
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in range(base, base + NODES + 1) if not _port_free(p)] == []
+    for symptom in ("ERROR", "lost node", "Traceback"):
+        assert symptom not in output, output
+    return script.stdout
+
+
+def test_interpreter_exit_stops_the_cluster(
+    tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
+    """A script (or a PySpark shell) that ends without stop(): the cluster stops with it."""
+    base = free_port_block(NODES + 1)
+    _exit_without_stop(base, tmp_path, "write")
+    # The write survived: a cluster started again on the same directories serves it.
+    assert "read kept" in _exit_without_stop(base, tmp_path, "read")
+
+
 # ------------------------------------------------------------------ lifecycle and faults
 
 
