@@ -297,22 +297,31 @@ def test_spark_submit_app_serves_until_sigterm(
 
 _EXIT_WITHOUT_STOP = """
 import sys
+import time
 from pyspark.sql import SparkSession
 import quorumstore.spark
 
 spark = SparkSession.builder.master("local[4]").config("spark.ui.enabled", "false").getOrCreate()
 cluster = quorumstore.spark.start(spark, base_port=int(sys.argv[1]), data_dir=sys.argv[2], shards=2)
+print("node pids", *cluster.node_pids().values(), flush=True)
+if sys.argv[3] == "spark.stop":
+    spark.stop()
+    deadline = time.monotonic() + 20
+    while "running" in repr(cluster) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print(repr(cluster), flush=True)
+    sys.exit()
 with cluster.client() as client:
     if sys.argv[3] == "write":
         client.put("/before-exit", b"kept")
     else:
         print("read", client.get("/before-exit").value.decode(), flush=True)
-print("node pids", *cluster.node_pids().values(), flush=True)
 """
 
 
 def _exit_without_stop(base: int, data_dir: Path, mode: str) -> str:
-    """Runs _EXIT_WITHOUT_STOP; checks its nodes, ports and output are gone or clean."""
+    """Runs _EXIT_WITHOUT_STOP in `mode` ("write", "read" or "spark.stop"); checks that
+    its nodes and ports are gone, and (but after spark.stop) its output is clean."""
     script = subprocess.run(
         [sys.executable, "-c", _EXIT_WITHOUT_STOP, str(base), str(data_dir), mode],
         cwd=data_dir,
@@ -332,9 +341,11 @@ def _exit_without_stop(base: int, data_dir: Path, mode: str) -> str:
         time.sleep(0.2)
     assert [p for p in pids if _alive(p)] == []
     assert [p for p in range(base, base + NODES + 1) if not _port_free(p)] == []
-    for symptom in ("ERROR", "lost node", "Traceback"):
-        assert symptom not in output, output
-    return script.stdout
+    assert "Traceback" not in output, output
+    if mode != "spark.stop":
+        for symptom in ("ERROR", "lost node"):
+            assert symptom not in output, output
+    return output
 
 
 def test_interpreter_exit_stops_the_cluster(
@@ -345,6 +356,18 @@ def test_interpreter_exit_stops_the_cluster(
     _exit_without_stop(base, tmp_path, "write")
     # The write survived: a cluster started again on the same directories serves it.
     assert "read kept" in _exit_without_stop(base, tmp_path, "read")
+
+
+def test_spark_stop_under_a_running_cluster_stops_it_and_says_so(
+    tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
+    """spark.stop() before cluster.stop(): Spark kills the node tasks (and reports them
+    as crashed workers), so the handle stops the coordinator, reports itself stopped and
+    logs what happened and how to avoid it."""
+    output = _exit_without_stop(free_port_block(NODES + 1), tmp_path, "spark.stop")
+    assert "HostedCluster(stopped" in output
+    assert "the SparkContext stopped under the quorumstore cluster at 127.0.0.1:" in output
+    assert "call its stop() before spark.stop()" in output
 
 
 # ------------------------------------------------------------------ lifecycle and faults

@@ -116,6 +116,7 @@ class HostedCluster:
         self._jobs: list[NodeJob] = []
         self._stop_lock = threading.Lock()
         self._stopped = False
+        self._spark_gone = False
 
     # ------------------------------------------------------------------ public
 
@@ -206,6 +207,21 @@ class HostedCluster:
 
     # ------------------------------------------------------------------ internals
 
+    def _spark_stopped_under_cluster(self) -> None:
+        """The SparkContext stopped (``spark.stop()``) with this cluster running: the nodes
+        died with their tasks, so the coordinator stops too and the handle says so."""
+        with self._stop_lock:
+            if self._stopped or self._spark_gone:
+                return
+            self._spark_gone = True
+        log.warning(
+            "the SparkContext stopped under the quorumstore cluster at %s, so the cluster stopped "
+            "too; call its stop() before spark.stop() to shut the nodes down cleanly",
+            self.address,
+        )
+        # Not on the caller's thread: stop() waits for the node job threads, the caller's too.
+        threading.Thread(target=self.stop, name="quorumstore-stop", daemon=True).start()
+
     def _check_running(self) -> None:
         if self._stopped:
             raise RuntimeError(
@@ -219,7 +235,9 @@ class HostedCluster:
         quorumstore, nodes on several machines, ...), not a crash to supervise, so it
         fails the start with the job's error instead of being resubmitted.
         """
-        self._jobs = submit_node_jobs(self._sc, self.config, self._cluster_id)
+        self._jobs = submit_node_jobs(
+            self._sc, self.config, self._cluster_id, self._spark_stopped_under_cluster
+        )
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
             status = self._coordinator.call(CoordinatorServer.cluster_status)

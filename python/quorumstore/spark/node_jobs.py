@@ -70,6 +70,7 @@ class NodeJob(threading.Thread):
         nodes: list[int],
         barrier: bool,
         body: Callable[[Iterable[int]], Iterator[str]],
+        on_spark_stopped: Callable[[], None],
     ):
         super().__init__(name=f"quorumstore-{group}", daemon=True)
         self._sc = sc
@@ -78,13 +79,17 @@ class NodeJob(threading.Thread):
         self._nodes = nodes
         self._barrier = barrier
         self._body = body
+        self._on_spark_stopped = on_spark_stopped
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._submissions = 0
         self._failures: list[str] = []
 
     def run(self) -> None:
-        while not self._stopping.is_set() and not spark_stopped(self._sc):
+        while not self._stopping.is_set():
+            if spark_stopped(self._sc):
+                self._on_spark_stopped()
+                return
             with self._lock:
                 self._submissions += 1
             self._sc.setJobGroup(self.group, self._description, interruptOnCancel=True)
@@ -94,7 +99,10 @@ class NodeJob(threading.Thread):
                 failure = "the node tasks returned"
             except Exception as e:  # noqa: BLE001 - every way a job ends is a failure here
                 failure = describe_failure(e)
-            if self._stopping.is_set() or spark_stopped(self._sc):
+            if self._stopping.is_set():
+                return
+            if spark_stopped(self._sc):
+                self._on_spark_stopped()
                 return
             with self._lock:
                 self._failures.append(failure)
@@ -155,8 +163,14 @@ class NodeJob(threading.Thread):
             )
 
 
-def submit_node_jobs(sc: SparkContext, config: HostingConfig, cluster_id: str) -> list[NodeJob]:
-    """Starts the node jobs of `config.placement`; each runs until cancelled."""
+def submit_node_jobs(
+    sc: SparkContext,
+    config: HostingConfig,
+    cluster_id: str,
+    on_spark_stopped: Callable[[], None],
+) -> list[NodeJob]:
+    """Starts the node jobs of `config.placement`; each runs until cancelled, or until
+    the SparkContext stops under it, which it reports through `on_spark_stopped`."""
     node_task = _load_node_task(sc)
     barrier = config.placement == "barrier"
     spec = node_task.NodeTaskSpec(
@@ -178,11 +192,20 @@ def submit_node_jobs(sc: SparkContext, config: HostingConfig, cluster_id: str) -
                 nodes,
                 True,
                 body,
+                on_spark_stopped,
             )
         ]
     else:
         jobs = [
-            NodeJob(sc, f"{cluster_id}-node{i}", f"quorumstore storage node {i}", [i], False, body)
+            NodeJob(
+                sc,
+                f"{cluster_id}-node{i}",
+                f"quorumstore storage node {i}",
+                [i],
+                False,
+                body,
+                on_spark_stopped,
+            )
             for i in range(config.nodes)
         ]
     for job in jobs:
