@@ -7,6 +7,8 @@ is left to deliver.
 
 from __future__ import annotations
 
+import pytest
+
 from quorumstore.protocol.memory_log import MemoryLog
 from quorumstore.protocol.messages import (
     COORDINATOR,
@@ -230,3 +232,27 @@ def test_seed000_a_repeated_truncate_never_cuts_entries_the_follower_acked_since
     assert cluster.logs["f"].head == acked
     cluster.run()
     assert cluster.entries("f") == cluster.entries("leader")
+
+
+def test_a_restarted_leader_does_not_lead_its_term_again():
+    """A leader crashes with an entry it sent but never synced; a late BecomeLeader of that
+    term reaches it after the restart. Leading again would put another entry at that
+    offset under the same term, so it stays fenced until a new term elects it."""
+    log = _log_with([3, 3])
+    leader = ShardReplica("l", SHARD, log, term=3, commit_offset=-1, noop_payload=NOOP)
+    leader.step(NewTerm(SHARD, 4))
+    leader.ready()
+    leader.step(BecomeLeader(SHARD, 4, 3, {}))
+    lost = leader.propose(b"sent to followers, never synced")
+    assert lost == 3 and leader.ready().entries  # the noop (2) and the write, unsynced
+    # Crash: the synced log is what remains; the term was persisted.
+    restarted = ShardReplica("l", SHARD, log, term=4, commit_offset=-1, noop_payload=NOOP)
+    restarted.step(BecomeLeader(SHARD, 4, 3, {}))
+    ready = restarted.ready()
+    assert restarted.role is Role.FENCED and not ready.entries and not ready.send_after_sync
+    with pytest.raises(NotLeaderError):
+        restarted.propose(b"another entry at the same offset")
+    # A new term elects it as usual.
+    restarted.step(NewTerm(SHARD, 5))
+    restarted.step(BecomeLeader(SHARD, 5, 3, {}))
+    assert restarted.role is Role.LEADER and restarted.term == 5

@@ -149,6 +149,11 @@ class ShardReplica:
         self.shard = shard
         self.term = term
         self.role = Role.FENCED if term > NO_TERM else Role.NOT_MEMBER
+        #: The term this replica was (re)opened in. It never leads that term: it may have
+        #: led it before a crash and sent entries it then lost (unsynced), so leading again
+        #: would put other entries at their offsets under the same term. A late or repeated
+        #: BecomeLeader of that term is ignored, and the coordinator elects in a new one.
+        self._opened_in_term = term
         self.commit_offset = commit_offset
         self.leader: str | None = None
         self.config = config
@@ -297,7 +302,7 @@ class ShardReplica:
         self._send(COORDINATOR, response, after_sync=True)
 
     def _on_become_leader(self, msg: BecomeLeader) -> None:
-        if msg.term != self.term:
+        if msg.term != self.term or msg.term == self._opened_in_term:
             return
         if self.role is Role.LEADER:
             self._send(
