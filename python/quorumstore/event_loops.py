@@ -31,3 +31,25 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run(main)` on a loop from `new_event_loop`."""
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(main)
+
+
+#: How long a private loop keeps running after cancelling its tasks, before it closes.
+#: gRPC's poller hands each completion to the loop its call was made on, and cancelled
+#: calls complete a moment after their tasks end. A completion that meets a closed loop
+#: fails in whichever loop is handling gRPC's events ("RuntimeError: Event loop is
+#: closed", logged with a traceback) and leaves the rest of that batch of completions,
+#: live calls' included, waiting for the next one. Measured here: completions came
+#: within 2 ms (within 5 ms with both cores busy); 20 ms leaves a margin.
+GRPC_SETTLE_S = 0.02
+
+
+async def cancel_other_tasks() -> None:
+    """Cancels the running loop's other tasks, waits for them, closes its async generators
+    and lets gRPC settle: a private loop's last step before it stops and closes."""
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
+    await asyncio.sleep(GRPC_SETTLE_S)

@@ -35,6 +35,7 @@ from quorumstore.client import (
     writes,
 )
 from quorumstore.client.discovery import Channels
+from quorumstore.client.loop_thread import LoopThread
 from quorumstore.storage.keys import compare_keys
 from quorumstore.testing import standalone_server
 
@@ -422,6 +423,40 @@ def test_closing_sends_what_is_queued_and_later_calls_raise_client_closed(
         client.put(f"{prefix}/late", b"v")
     with pytest.raises(ClientClosed):
         client.delete(f"{prefix}/late")
+
+
+def test_closing_a_client_leaves_the_process_s_other_event_loops_quiet(
+    address: str, prefix: str
+) -> None:
+    """Each blocking Client runs a loop of its own. gRPC hands a completion to the loop
+    its call was made on; one for a closed loop fails in whichever loop is handling
+    gRPC's events ("RuntimeError: Event loop is closed") and holds back the rest of
+    that batch. Closing must let gRPC settle first, whatever else runs in the process."""
+    other = LoopThread("another-loop")
+    reported: list[dict[str, Any]] = []
+    other.loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    busy = threading.Event()
+
+    async def keep_reading() -> int:
+        reads = 0
+        async with AsyncClient(address) as neighbour:
+            await neighbour.put(f"{prefix}/neighbour", b"v")
+            while not busy.is_set():
+                await neighbour.get(f"{prefix}/neighbour")
+                reads += 1
+        return reads
+
+    reading = asyncio.run_coroutine_threadsafe(keep_reading(), other.loop)
+    try:
+        for i in range(60):
+            with Client(address) as client:
+                client.put(f"{prefix}/c{i}", b"v")
+    finally:
+        busy.set()
+        reads = reading.result(30)
+        other.stop()
+    assert reads > 0
+    assert [str(c.get("exception") or c.get("message")) for c in reported] == []
 
 
 def test_the_blocking_client_is_shared_by_threads(client: Client, prefix: str) -> None:

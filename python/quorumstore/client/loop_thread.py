@@ -118,24 +118,16 @@ class LoopThread:
         """Winds the loop down as `asyncio.run` does, then joins the thread.
 
         Tasks still pending (gRPC's own, say) are cancelled and allowed to finish,
-        so that none is destroyed pending.
+        so that none is destroyed pending, and gRPC gets to deliver the completions
+        of the calls they cancelled (`event_loops.cancel_other_tasks`).
         """
         if threading.current_thread() is self._thread:
             raise RuntimeError("LoopThread.stop() must not run on the loop's own thread")
         if not self.stopped:
-            asyncio.run_coroutine_threadsafe(_cancel_tasks(), self.loop).result()
+            asyncio.run_coroutine_threadsafe(event_loops.cancel_other_tasks(), self.loop).result()
         self.stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
         while self._inbox:
             self._inbox.popleft()[2].fail(ClientClosed("the client was closed"))
-
-
-async def _cancel_tasks() -> None:
-    current = asyncio.current_task()
-    tasks = [t for t in asyncio.all_tasks() if t is not current]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await asyncio.get_running_loop().shutdown_asyncgens()

@@ -62,7 +62,4 @@ class CoordinatorThread:
 
     async def _shutdown(self) -> None:
         await self.server.stop()
-        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in rest:
-            task.cancel()
-        await asyncio.gather(*rest, return_exceptions=True)
+        await event_loops.cancel_other_tasks()
