@@ -179,7 +179,7 @@ class HostedCluster:
         deadline = time.monotonic() + _EXIT_TIMEOUT_S
         for job in self._jobs:
             job.wait_cancelled(max(0.0, deadline - time.monotonic()))
-        left = wait_for_exit(list(self.node_pids().values()), self._jobs, _EXIT_TIMEOUT_S)
+        left = wait_for_exit(lambda: self.node_pids().values(), self._jobs, _EXIT_TIMEOUT_S)
         if left:
             log.warning(
                 "quorumstore node processes %s were still running %.0f s after stop",

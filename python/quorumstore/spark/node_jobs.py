@@ -262,19 +262,23 @@ def _load_node_task(sc: SparkContext) -> ModuleType:
     return module
 
 
-def wait_for_exit(pids: list[int], jobs: list[NodeJob], timeout_s: float) -> list[int]:
-    """Waits until no process of `pids` runs and Spark counts no task of `jobs` as running.
+def wait_for_exit(
+    running_pids: Callable[[], Iterable[int]], jobs: list[NodeJob], timeout_s: float
+) -> list[int]:
+    """Waits until `running_pids()` is empty and Spark counts no task of `jobs` as running.
 
     Returns the pids still running at the timeout. Waiting for both makes a stopped
-    cluster's ports and task slots free for the next `start`.
+    cluster's ports and task slots free for the next `start`. The pids are asked for
+    again each time: a task cancelled while it was being launched can still start its
+    node (and write its pid file) after the job has ended.
     """
     deadline = time.monotonic() + timeout_s
-    running = pids
+    running = list(running_pids())
     while time.monotonic() < deadline:
-        running = [p for p in running if process_running(p)]
         if not running and not any(job.running_tasks() for job in jobs):
             break
         time.sleep(0.1)
+        running = list(running_pids())
     return running
 
 
