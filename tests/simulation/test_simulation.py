@@ -9,6 +9,10 @@ catches each.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from harness import InvariantViolation, SimConfig, SimNode, run_seed
@@ -61,6 +65,18 @@ RELEAD_SEED = SimConfig(seed=104473, replicas=3, steps=1200)
 
 def test_a_restarted_replica_never_leads_the_term_it_was_opened_in() -> None:
     run_seed(RELEAD_SEED)
+
+
+def test_the_soak_command_runs_a_seed_range_and_shows_progress() -> None:
+    soak = Path(__file__).with_name("soak.py")
+    command = [sys.executable, str(soak), "--first", "104472", "--count", "2", "--every", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert [re.sub(r"\d+ s$", "T s", line) for line in lines] == [
+        "1/2 seeds, 0 failed, T s",
+        "2/2 seeds, 0 failed, T s",
+    ]
 
 
 def test_leading_again_after_a_restart_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
