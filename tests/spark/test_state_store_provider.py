@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import xxhash
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -402,6 +404,58 @@ def test_checkpoint_ids_name_exact_versions(jvm: Jvm) -> None:
         store = jvm.store(jvm.provider(PROVIDER_CLASS, "ckpt-ids", spec), 2, ckpt)
         assert jvm.rows(store.iterator("default")) == [(("a", 1), (value,))]
         store.abort()
+
+
+def test_a_copied_checkpoint_cannot_fork_the_state_under_format_v1(jvm: Jvm) -> None:
+    """Checkpoints at three locations share one query id (copies of one checkpoint)."""
+    query_id = str(uuid.uuid4())
+    for name in ("fork-original", "fork-copy", "fork-moved"):
+        (jvm.root / name).mkdir(parents=True)
+        (jvm.root / name / "metadata").write_text(json.dumps({"id": query_id}))
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    v2 = {"spark.sql.streaming.stateStore.checkpointFormatVersion": "2"}
+
+    def load(name: str, version: int, ckpt: str | None = None, **confs: object) -> object:
+        store = jvm.store(jvm.provider(PROVIDER_CLASS, name, spec, **confs), version, ckpt)
+        assert jvm.rows(store.iterator("default")) == ([(("a", 1), (version,))] if version else [])
+        store.put(jvm.row("a", 1), jvm.row(version + 1), "default")
+        return store
+
+    ids = {}
+    for version in (0, 1):
+        store = load("fork-original", version)
+        store.commit()
+        ids[version + 1] = store.getStateStoreCheckpointInfo().stateStoreCkptId().get()
+    # The copy was taken at version 1 and runs while the original goes on.
+    copy = load("fork-copy", 1)
+    with pytest.raises(Exception) as refused:
+        copy.commit()
+    copy.abort()
+    message = str(refused.value)
+    assert "CheckpointForkException" in message
+    original_state = f"file:{jvm.root}/fork-original/state"
+    assert (
+        f"last committed (version 2) by the query with state checkpoint {original_state}" in message
+    )
+    assert "spark.quorumstore.stateStore.prefix" in message
+    assert "checkpointFormatVersion=2" in message
+    # Nothing of it was written: the original's lineage is whole.
+    load("fork-original", 2).commit()
+    # A checkpoint moved elsewhere takes the state over where it was left ...
+    assert load("fork-moved", 3).commit() == 4
+    # ... and the old location, still running, is then the copy.
+    stale = load("fork-original", 3)
+    with pytest.raises(Exception, match="by the query with state checkpoint .*fork-moved"):
+        stale.commit()
+    stale.abort()
+    # Format v2 names each version by its checkpoint id, so a copy forks cleanly.
+    fork = load("fork-copy", 1, ids[1], sql_confs=v2)
+    fork.put(jvm.row("a", 1), jvm.row(10), "default")
+    fork.commit()
+    fork_id = fork.getStateStoreCheckpointInfo().stateStoreCkptId().get()
+    forked = jvm.store(jvm.provider(PROVIDER_CLASS, "fork-copy", spec, sql_confs=v2), 2, fork_id)
+    assert jvm.rows(forked.iterator("default")) == [(("a", 1), (10,))]
+    forked.abort()
 
 
 def test_maintenance_snapshots_and_drops_old_versions(jvm: Jvm) -> None:
@@ -856,6 +910,36 @@ def test_restart_from_checkpoint_continues(spark: SparkSession, tmp_path: Path) 
             assert metrics["quorumstoreLocalDiskBytes"] > 0
     assert [b for b, _ in outputs["quorumstore"]] == list(range(4))
     assert outputs["quorumstore"] == outputs["rocksdb"]
+
+
+def test_a_copy_of_a_running_querys_checkpoint_fails_instead_of_sharing_its_state(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Format v1: a copied checkpoint has the original's query id, so the same state."""
+    batches = _keys_batches(batches=4)
+
+    def build(run: Run) -> DataFrame:
+        return run.source("events").groupBy("k").agg(F.sum("v").alias("total"))
+
+    original = Run(spark, tmp_path / "original", PROVIDER_CLASS)
+    _write_batches(original.root / "in" / "events", batches[:2])
+    original.run(build(original), "update")
+    copy = Run(spark, tmp_path / "copy", PROVIDER_CLASS)
+    shutil.copytree(original.root / "checkpoint", copy.root / "checkpoint")
+    _write_batches(original.root / "in" / "events", batches[2:3], first_index=2)
+    original.run(build(original), "update")
+    # The copy reads the same input: its next batch is the original's batch 2 as well.
+    with pytest.raises(StreamingQueryException, match="two checkpoints with the same query id"):
+        copy.run(build(original), "update")
+    assert copy.outputs == []
+
+    # The original was not disturbed: it goes on as RocksDB's run of all four batches does.
+    _write_batches(original.root / "in" / "events", batches[3:], first_index=3)
+    original.run(build(original), "update")
+    reference = Run(spark, tmp_path / "rocksdb", ROCKSDB_PROVIDER_CLASS)
+    _write_batches(reference.root / "in" / "events", batches)
+    reference.run(build(reference), "update")
+    assert original.outputs == reference.outputs
 
 
 def test_leader_kill_during_query_keeps_results(

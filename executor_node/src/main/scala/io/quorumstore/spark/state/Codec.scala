@@ -38,8 +38,12 @@ final class ByteReader(buf: Array[Byte]) {
   def string(): String = new String(bytes(), UTF_8)
 }
 
-/** `P/head`: the partition's latest committed version and its checkpoint id. */
-final case class Head(version: Long, uid: String)
+/**
+ * `P/head`: the partition's latest committed version, its checkpoint id, and the state
+ * checkpoint location of the query that committed it ("" in heads written before it was
+ * recorded), which tells a copied checkpoint's commits apart from the original's.
+ */
+final case class Head(version: Long, uid: String, checkpoint: String)
 
 /**
  * Chunk 0 of a delta or snapshot, written last: its presence means every data chunk
@@ -50,12 +54,12 @@ final case class CommitHeader(parentUid: String, chunks: Int, entries: Long, byt
 object Codec {
   private val Format = 1
 
-  def encodeHead(h: Head): Array[Byte] =
-    new ByteWriter(64).byte(Format).varLong(h.version).string(h.uid).toByteArray
+  def encodeHead(h: Head): Array[Byte] = new ByteWriter(128).byte(Format)
+    .varLong(h.version).string(h.uid).string(h.checkpoint).toByteArray
 
   def decodeHead(b: Array[Byte]): Head = {
     val r = reader(b, "head")
-    Head(r.varLong(), r.string())
+    Head(r.varLong(), r.string(), if (r.remaining) r.string() else "")
   }
 
   def encodeHeader(h: CommitHeader): Array[Byte] = new ByteWriter(64).byte(Format)

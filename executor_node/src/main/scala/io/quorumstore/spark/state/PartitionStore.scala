@@ -20,16 +20,23 @@ final case class CommitStats(keys: Long, bytes: Long)
 /** The partition's head moved after this attempt loaded its version: someone else committed. */
 final class StateCommitConflictException(message: String) extends IllegalStateException(message)
 
+/** Under checkpoint format v1, a query from another checkpoint location commits this state. */
+final class CheckpointForkException(message: String) extends IllegalStateException(message)
+
 /**
  * All reads and writes of one state-store partition in quorumstore (layout: StateKeys).
  *
  * Versions form a lineage: each commit of version v is stored under its own checkpoint id
  * and names its parent's id, so attempts that lost a race leave only unreachable records.
  * A commit is fenced on the head record: it puts the new head with `expected_version_id`
- * set to the head's version id seen when the attempt loaded its state.
+ * set to the head's version id seen when the attempt loaded its state. `checkpoint`, the
+ * state checkpoint location of this provider's query, is recorded in every head it writes.
  */
-final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: QuorumConf)
-  extends Logging {
+final class PartitionStore(
+    client: QuorumClient,
+    val keys: StateKeys,
+    conf: QuorumConf,
+    checkpoint: String) extends Logging {
 
   private val pk = keys.partitionKey
   private def timeout = conf.timeoutMs
@@ -155,16 +162,20 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
   }
 
   /**
-   * Commits `view`'s changes as version `version` with id `uid`, fenced on the head's
-   * version id `expectedHeadVersionId` (-1: no head yet). Data that does not fit one request
-   * goes ahead in unreachable chunks; the request that moves the head is the commit point.
+   * Commits `view`'s changes as version `version` with id `uid`, fenced on `seenHead`, the
+   * head (and its record version id) when the attempt loaded its state (None: no head yet).
+   * Data that does not fit one request goes ahead in unreachable chunks; the request that
+   * moves the head is the commit point. `followsHead`: the version was found from the head
+   * (checkpoint format v1), not named by its checkpoint id (v2).
    */
   def commit(
       version: Long,
       uid: String,
       parentUid: String,
       view: StateView,
-      expectedHeadVersionId: Long): CommitStats = {
+      seenHead: Option[(Head, Long)],
+      followsHead: Boolean): CommitStats = {
+    if (followsHead) seenHead.foreach { case (head, _) => refuseFork(head, version, parentUid) }
     val sender = new ChunkSender(Delta, version, uid)
     val writer = new Codec.ChunkWriter(conf.chunkBytes, sender.add)
     view.replay(writer)
@@ -172,10 +183,11 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
     val header = CommitHeader(parentUid, writer.chunks, writer.entries, writer.bytes)
     val last = Seq(
       PutOp(keys.chunk(Delta, version, uid, 0), Codec.encodeHeader(header), pk),
-      PutOp(keys.head, Codec.encodeHead(Head(version, uid)), pk, Some(expectedHeadVersionId)))
+      PutOp(keys.head, Codec.encodeHead(Head(version, uid, checkpoint)), pk,
+        Some(seenHead.map(_._2).getOrElse(-1L))))
     val (result, retried) = sender.finish(last)
     if (result.puts.last.status != OxiaStatus.Ok) {
-      val committedAnyway = retried && readHead().exists(_._1 == Head(version, uid))
+      val committedAnyway = retried && readHead().exists(_._1 == Head(version, uid, checkpoint))
       if (!committedAnyway) {
         discard(Delta, version, uid)
         throw new StateCommitConflictException(s"quorumstore refused the commit of version " +
@@ -186,6 +198,26 @@ final class PartitionStore(client: QuorumClient, val keys: StateKeys, conf: Quor
     }
     CommitStats(writer.entries, writer.bytes)
   }
+
+  /**
+   * Under format v1 a query's versions are the head's lineage, so two queries that share a
+   * query id (a checkpoint and a copy of it, at other locations) would read each other's
+   * commits. A head written from another location is taken over only by a commit that
+   * continues it (a checkpoint moved, then restarted); a commit that does not means both
+   * are running, and is refused before anything is written.
+   */
+  private def refuseFork(head: Head, version: Long, parentUid: String): Unit =
+    if (head.checkpoint.nonEmpty && head.checkpoint != checkpoint && head.uid != parentUid) {
+      throw new CheckpointForkException(s"state partition $pk was last committed (version " +
+        s"${head.version}) by the query with state checkpoint ${head.checkpoint}, and this " +
+        s"query (state checkpoint $checkpoint) would commit version $version without " +
+        "continuing from it: two checkpoints with the same query id, one copied from the " +
+        "other, are running on one state. Under checkpoint format v1 they would read each " +
+        "other's state, so this commit is refused. Give the copy its own " +
+        "spark.quorumstore.stateStore.prefix (its state then starts empty) or a fresh " +
+        "checkpoint, or use checkpoint format v2 " +
+        "(spark.sql.streaming.stateStore.checkpointFormatVersion=2), which keeps copies apart.")
+    }
 
   /**
    * Writes snapshot (version, uid) of the entries `write` gives its sink, sending chunks as

@@ -64,7 +64,8 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     FamilyMap.localFile(conf.localDir).close()
     val client = QuorumClient.shared(conf.addresses, conf.namespace)
     partition = new PartitionStore(client,
-      new StateKeys(PartitionKey(conf, stateStoreId, hadoopConf)), conf)
+      new StateKeys(PartitionKey(conf, stateStoreId, hadoopConf)), conf,
+      stateStoreId.checkpointRootLocation)
     registerFamily(StateStore.DEFAULT_COL_FAMILY_NAME, keyStateEncoderSpec, valueSchema,
       useMultipleValuesPerKey)
   }
@@ -117,7 +118,8 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
         else load(version, uniqueId, head.map(_._1), started)
       val (loadMs, loads) = takeLoadStats()
       val store = new QuorumStateStore(this, version, copy.uid, new StateView(copy.map),
-        head.map(_._2).getOrElse(-1L), readOnly = false, forceSnapshotOnCommit, loadMs, loads)
+        head, followsHead = !storeConf.enableStateStoreCheckpointIds, readOnly = false, forceSnapshotOnCommit, loadMs,
+        loads)
       writerOwner = store
       Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit] { _ =>
         if (!store.hasCommitted) store.abort()
@@ -135,8 +137,8 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     val started = System.nanoTime()
     val head = if (uniqueId.isDefined || version == 0) None else partition.readHead().map(_._1)
     val copy = load(version, uniqueId, head, started)
-    new QuorumStateStore(this, version, copy.uid, new StateView(copy.map), headVersionId = -1L,
-      readOnly = true, forceSnapshot = false, loadTimeMs = 0L, storeLoads = 0L)
+    new QuorumStateStore(this, version, copy.uid, new StateView(copy.map), seenHead = None,
+      followsHead = false, readOnly = true, forceSnapshot = false, loadTimeMs = 0L, storeLoads = 0L)
   }
 
   /** `version` as the local copy; `started` is when the caller began (for the load time). */
@@ -171,7 +173,8 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
   private[state] def commit(store: QuorumStateStore): (String, CommitStats) = {
     val newVersion = store.version + 1
     val uid = UUID.randomUUID().toString
-    val stats = partition.commit(newVersion, uid, store.baseUid, store.view, store.headVersionId)
+    val stats = partition.commit(newVersion, uid, store.baseUid, store.view, store.seenHead,
+      store.followsHead)
     synchronized {
       store.view.replay(store.view.base)
       local = Some(LocalCopy(newVersion, uid, store.view.base))
