@@ -2,6 +2,9 @@
 
 `QS_SIM_SEEDS` (default 2000) sets how many seeds run, 60% on 3-replica shards and
 40% on 5-replica shards; every failure prints the one command that replays it.
+`QS_SIM_LONG_SEEDS` (default 300) more run schedules five times as long (2000 steps,
+from seed 1,000,000, alternating 5 and 3 replicas), which reach rarer interleavings:
+a bug that only 1200-step schedules showed is named below (RELEAD_SEED).
 The tests at the bottom break one protocol rule at a time and show that some seed
 catches each.
 """
@@ -31,12 +34,30 @@ _CHUNKS = [(3, start, min(start + CHUNK, _THREE)) for start in range(0, _THREE, 
 ]
 
 
+LONG_SEEDS = int(os.environ.get("QS_SIM_LONG_SEEDS", "300"))
+LONG_STEPS = 2000
+LONG_FIRST = 1_000_000
+LONG_CHUNK = 50
+_LONG_CHUNKS = [
+    (start, min(start + LONG_CHUNK, LONG_FIRST + LONG_SEEDS))
+    for start in range(LONG_FIRST, LONG_FIRST + LONG_SEEDS, LONG_CHUNK)
+]
+
+
 @pytest.mark.parametrize(
     ("replicas", "first", "stop"), _CHUNKS, ids=[f"rf{r}-seeds{a}-{b - 1}" for r, a, b in _CHUNKS]
 )
 def test_invariants_hold_on_every_seed(replicas: int, first: int, stop: int) -> None:
     for seed in range(first, stop):
         run_seed(SimConfig(seed=seed, replicas=replicas))
+
+
+@pytest.mark.parametrize(
+    ("first", "stop"), _LONG_CHUNKS, ids=[f"long-seeds{a}-{b - 1}" for a, b in _LONG_CHUNKS]
+)
+def test_invariants_hold_on_long_schedules(first: int, stop: int) -> None:
+    for seed in range(first, stop):
+        run_seed(SimConfig(seed=seed, replicas=5 if seed % 2 == 0 else 3, steps=LONG_STEPS))
 
 
 def test_a_seed_replays_exactly() -> None:
