@@ -448,6 +448,11 @@ def test_a_copied_checkpoint_cannot_fork_the_state_under_format_v1(jvm: Jvm) -> 
     with pytest.raises(Exception, match="by the query with state checkpoint .*fork-moved"):
         stale.commit()
     stale.abort()
+    # A head written before the location was recorded (format byte, version, id) names none,
+    # so any location's commit takes it over.
+    codec = getattr(jvm.jvm.io.quorumstore.spark.state.__getattr__("Codec$"), "MODULE$")
+    old_head = codec.decodeHead(bytes([1, 7, 2]) + b"id")
+    assert (old_head.version(), old_head.uid(), old_head.checkpoint()) == (7, "id", "")
     # Format v2 names each version by its checkpoint id, so a copy forks cleanly.
     fork = load("fork-copy", 1, ids[1], sql_confs=v2)
     fork.put(jvm.row("a", 1), jvm.row(10), "default")
