@@ -25,6 +25,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from quorumstore import Client
 from quorumstore.data_client import DataClient
 from quorumstore.spark.datasource import register
 from quorumstore.storage.write_batch import ClientSerial
@@ -349,11 +350,12 @@ def test_bad_options_fail_clearly_before_any_task_runs(spark: SparkSession, addr
 # ------------------------------------------------------------------ change feed and sink
 
 
-def _feed(spark: SparkSession, address: str, out: Path, checkpoint: Path) -> None:
+def _feed(spark: SparkSession, address: str, out: Path, checkpoint: Path, **options: str) -> None:
     query = (
         spark.readStream.format("quorumstore")
         .option("address", address)
         .option("startingOffsets", "earliest")
+        .options(**options)
         .load()
         .writeStream.format("parquet")
         .option("path", str(out))
@@ -386,6 +388,30 @@ def test_a_stream_restarted_from_its_checkpoint_continues_where_it_stopped(
     assert again == [f"{prefix}{i:07d}" for i in range(5)]
     assert {r.operation for r in rows} == {"put"}
     assert all(r.modifications_count == 1 for r in rows if r.value == b"again")
+
+
+def test_a_change_feed_with_a_key_prefix_has_only_that_prefix_changes(
+    spark: SparkSession, address: str, tmp_path: Path
+) -> None:
+    prefix = unique("feed-prefix")
+    with Client(address) as client:
+        for group in ("a", "b"):
+            for i in range(20):
+                client.put(f"{prefix}{group}/{i:02d}", f"{group}{i}")
+        client.delete(f"{prefix}a/00")
+        client.delete(f"{prefix}b/00")
+        client.delete_range(f"{prefix}a/10", f"{prefix}a/15")
+        client.delete_range(f"{prefix}b/10", f"{prefix}b/15")
+    out = tmp_path / "out"
+    _feed(spark, address, out, tmp_path / "checkpoint", keyPrefix=f"{prefix}a/")
+    rows = spark.read.parquet(str(out)).collect()
+    changes = sorted((r.operation, r.key, r.range_end or "") for r in rows)
+    assert changes == sorted(
+        [("put", f"{prefix}a/{i:02d}", "") for i in range(20)]
+        + [("delete", f"{prefix}a/00", "")]
+        # A range delete without a partition key goes to every shard, each with its change.
+        + [("delete_range", f"{prefix}a/10", f"{prefix}a/15")] * SHARDS
+    )
 
 
 def test_the_sink_writes_each_micro_batch_once_even_when_replayed(

@@ -8,6 +8,7 @@ the scans ask for.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import random
@@ -33,8 +34,9 @@ from quorumstore.data_client import DataClient, DataClientError, key_hash, read_
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.spark.datasource_keys import KeyFilter, intersect, prefix_ranges
+from quorumstore.spark.datasource_stream import prefix_mask
 from quorumstore.storage.keys import compare_keys
-from quorumstore.storage.write_batch import ClientSerial
+from quorumstore.storage.write_batch import ClientSerial, Op
 from quorumstore.testing import standalone_server
 
 SHARDS = 4
@@ -399,6 +401,44 @@ def test_prefix_ranges_hold_exactly_the_keys_with_the_prefix() -> None:
         ranges = prefix_ranges(prefix)
         wrong = [k for k in keys if _in(k, ranges) != k.startswith(prefix)]
         assert not wrong, (prefix, ranges, wrong[:5])
+
+
+def test_a_prefixed_change_feed_keeps_every_change_to_a_prefixed_key() -> None:
+    """Point changes are kept exactly when their key has the prefix; a range delete is kept
+    whenever it removed (here: holds) a key with the prefix, and dropped when it cannot."""
+    rng = random.Random(5)
+    alphabet = ["a", "b", "/", "é"]
+    keys = sorted(
+        {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 5))) for _ in range(3000)}
+    )
+    ranges = [
+        tuple(sorted(rng.sample(keys, 2), key=functools.cmp_to_key(compare_keys)))
+        for _ in range(300)
+    ]
+    ranges += [("", ""), ("a/", "")]  # unbounded
+    batch = pa.record_batch(
+        {
+            "key": keys + [start for start, _ in ranges],
+            "operation": pa.array(
+                [Op.PUT.value] * len(keys) + [Op.DELETE_RANGE.value] * len(ranges), pa.int8()
+            ),
+            "range_end": [None] * len(keys) + [end for _, end in ranges],
+        }
+    )
+    for prefix in ["a", "a/", "b/a", "/", "é/b"]:
+        kept = prefix_mask(batch, prefix).to_pylist()
+        assert kept[: len(keys)] == [k.startswith(prefix) for k in keys]
+        for (start, end), keep in zip(ranges, kept[len(keys) :], strict=True):
+            holds = any(k.startswith(prefix) and _in(k, [(start, end)]) for k in keys)
+            assert keep or not holds, (prefix, start, end)
+    only_b = pa.record_batch(
+        {
+            "key": ["b/"],
+            "operation": pa.array([Op.DELETE_RANGE.value], pa.int8()),
+            "range_end": ["b/z"],
+        }
+    )
+    assert prefix_mask(only_b, "a/").to_pylist() == [False]
 
 
 def test_key_filters_prune_to_exact_ranges_and_mask_exactly() -> None:

@@ -13,6 +13,11 @@ put, delete or delete_range (then `range_end` is the range's exclusive end, empt
 unbounded), `commit_offset` the entry's offset, and `modified_timestamp` the entry's
 time (for deletions too). Changes are kept `change_log.CHANGE_RETENTION_MS`; a stream
 that falls further behind fails with OUT_OF_RANGE instead of skipping changes.
+
+With the option `keyPrefix`, only changes to keys starting with it are delivered: puts
+and deletes of such keys, and the range deletes whose range holds such keys (with the
+range's own bounds, which may reach beyond the prefix). Keys are routed by hash, so every
+shard is still read.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 from quorumstore.data_client import DataClient
+from quorumstore.spark.datasource_keys import intersect, prefix_ranges
 from quorumstore.spark.datasource_options import (
     QuorumstoreOptionError,
     SourceOptions,
@@ -34,8 +40,26 @@ from quorumstore.spark.datasource_options import (
     parse_offsets,
 )
 from quorumstore.spark.datasource_read import RowShaper
+from quorumstore.storage.write_batch import Op
 
 _OPERATIONS = pa.array(["put", "delete", "delete_range"])
+
+
+def prefix_mask(batch: pa.RecordBatch, prefix: str) -> pa.Array:
+    """Which change-log rows of `batch` touch keys starting with `prefix`: point changes
+    of such keys, and range deletes whose hierarchical range holds one."""
+    keep = pc.starts_with(batch.column("key"), prefix)
+    is_range = pc.equal(batch.column("operation"), Op.DELETE_RANGE.value)
+    if not pc.any(is_range).as_py():
+        return keep
+    # Range deletes are rare and few; each is checked against the prefix's ranges.
+    wanted = prefix_ranges(prefix)
+    starts, ends = batch.column("key").to_pylist(), batch.column("range_end").to_pylist()
+    overlaps = [
+        bool(ranged) and bool(intersect([(start, end or "")], wanted))
+        for ranged, start, end in zip(is_range.to_pylist(), starts, ends, strict=True)
+    ]
+    return pc.or_(pc.and_not(keep, is_range), pa.array(overlaps))
 
 
 @dataclass
@@ -138,8 +162,9 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
         shaper = RowShaper(self.codec)
         with self.options.client() as client:
             for batch in client.changes(partition.shard, partition.start, partition.end):
-                n = batch.num_rows
-                if n == 0:
+                if self.options.key_prefix:
+                    batch = batch.filter(prefix_mask(batch, self.options.key_prefix))
+                if batch.num_rows == 0:
                     continue
                 yield shaper.shape(
                     batch.set_column(
