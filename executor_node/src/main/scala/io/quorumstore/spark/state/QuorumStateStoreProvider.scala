@@ -117,9 +117,9 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
         if (loadEmpty) LocalCopy(version, uniqueId.getOrElse(""), new StateMap(conf.localDir))
         else load(version, uniqueId, head.map(_._1), started)
       val (loadMs, loads) = takeLoadStats()
-      val store = new QuorumStateStore(this, version, copy.uid, new StateView(copy.map),
-        head, followsHead = !storeConf.enableStateStoreCheckpointIds, readOnly = false, forceSnapshotOnCommit, loadMs,
-        loads)
+      val store = new QuorumStateStore(this, version, copy.uid, new StateView(copy.map), head,
+        followsHead = !storeConf.enableStateStoreCheckpointIds, readOnly = false,
+        forceSnapshotOnCommit, loadMs, loads)
       writerOwner = store
       Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit] { _ =>
         if (!store.hasCommitted) store.abort()
@@ -138,7 +138,8 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     val head = if (uniqueId.isDefined || version == 0) None else partition.readHead().map(_._1)
     val copy = load(version, uniqueId, head, started)
     new QuorumStateStore(this, version, copy.uid, new StateView(copy.map), seenHead = None,
-      followsHead = false, readOnly = true, forceSnapshot = false, loadTimeMs = 0L, storeLoads = 0L)
+      followsHead = false, readOnly = true, forceSnapshot = false, loadTimeMs = 0L,
+      storeLoads = 0L)
   }
 
   /** `version` as the local copy; `started` is when the caller began (for the load time). */
