@@ -390,7 +390,7 @@ def test_a_stream_restarted_from_its_checkpoint_continues_where_it_stopped(
     assert all(r.modifications_count == 1 for r in rows if r.value == b"again")
 
 
-def test_a_change_feed_with_a_key_prefix_has_only_that_prefix_changes(
+def test_a_change_feed_with_a_key_prefix_or_range_has_only_their_changes(
     spark: SparkSession, address: str, tmp_path: Path
 ) -> None:
     prefix = unique("feed-prefix")
@@ -410,6 +410,15 @@ def test_a_change_feed_with_a_key_prefix_has_only_that_prefix_changes(
         [("put", f"{prefix}a/{i:02d}", "") for i in range(20)]
         + [("delete", f"{prefix}a/00", "")]
         # A range delete without a partition key goes to every shard, each with its change.
+        + [("delete_range", f"{prefix}a/10", f"{prefix}a/15")] * SHARDS
+    )
+    ranged = tmp_path / "ranged"
+    bounds = {"keyStart": f"{prefix}a/05", "keyEnd": f"{prefix}a/12"}
+    _feed(spark, address, ranged, tmp_path / "ranged-checkpoint", **bounds)
+    rows = spark.read.parquet(str(ranged)).collect()
+    changes = sorted((r.operation, r.key, r.range_end or "") for r in rows)
+    assert changes == sorted(
+        [("put", f"{prefix}a/{i:02d}", "") for i in range(5, 12)]
         + [("delete_range", f"{prefix}a/10", f"{prefix}a/15")] * SHARDS
     )
 

@@ -34,7 +34,7 @@ from quorumstore.data_client import DataClient, DataClientError, key_hash, read_
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.spark.datasource_keys import KeyFilter, intersect, prefix_ranges
-from quorumstore.spark.datasource_stream import prefix_mask
+from quorumstore.spark.datasource_stream import ChangeKeys
 from quorumstore.storage.keys import compare_keys
 from quorumstore.storage.write_batch import ClientSerial, Op
 from quorumstore.testing import standalone_server
@@ -403,19 +403,21 @@ def test_prefix_ranges_hold_exactly_the_keys_with_the_prefix() -> None:
         assert not wrong, (prefix, ranges, wrong[:5])
 
 
-def test_a_prefixed_change_feed_keeps_every_change_to_a_prefixed_key() -> None:
-    """Point changes are kept exactly when their key has the prefix; a range delete is kept
-    whenever it removed (here: holds) a key with the prefix, and dropped when it cannot."""
+def test_a_filtered_change_feed_keeps_every_change_to_a_followed_key() -> None:
+    """Point changes are kept exactly when their key has the prefix and lies in the range; a
+    range delete is kept whenever it removed (here: holds) such a key, and dropped when it
+    cannot."""
     rng = random.Random(5)
     alphabet = ["a", "b", "/", "é"]
     keys = sorted(
         {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 5))) for _ in range(3000)}
     )
-    ranges = [
-        tuple(sorted(rng.sample(keys, 2), key=functools.cmp_to_key(compare_keys)))
-        for _ in range(300)
-    ]
-    ranges += [("", ""), ("a/", "")]  # unbounded
+
+    def some_range() -> tuple[str, str]:
+        low, high = sorted(rng.sample(keys, 2), key=functools.cmp_to_key(compare_keys))
+        return low, high
+
+    ranges = [some_range() for _ in range(300)] + [("", ""), ("a/", "")]  # unbounded too
     batch = pa.record_batch(
         {
             "key": keys + [start for start, _ in ranges],
@@ -425,20 +427,27 @@ def test_a_prefixed_change_feed_keeps_every_change_to_a_prefixed_key() -> None:
             "range_end": [None] * len(keys) + [end for _, end in ranges],
         }
     )
-    for prefix in ["a", "a/", "b/a", "/", "é/b"]:
-        kept = prefix_mask(batch, prefix).to_pylist()
-        assert kept[: len(keys)] == [k.startswith(prefix) for k in keys]
+    followed = [ChangeKeys(prefix) for prefix in ["a", "a/", "b/a", "/", "é/b"]]
+    followed += [ChangeKeys("", *some_range()) for _ in range(5)]
+    followed += [ChangeKeys("a", "a", ""), ChangeKeys("b/", "", "b/b"), ChangeKeys("", "b", "")]
+    for keys_followed in followed:
+        prefix, bounds = keys_followed.prefix, [(keys_followed.start, keys_followed.end)]
+        kept = keys_followed.mask(batch).to_pylist()
+        assert kept[: len(keys)] == [k.startswith(prefix) and _in(k, bounds) for k in keys]
         for (start, end), keep in zip(ranges, kept[len(keys) :], strict=True):
-            holds = any(k.startswith(prefix) and _in(k, [(start, end)]) for k in keys)
-            assert keep or not holds, (prefix, start, end)
-    only_b = pa.record_batch(
+            holds = any(
+                k.startswith(prefix) and _in(k, bounds) and _in(k, [(start, end)]) for k in keys
+            )
+            assert keep or not holds, (keys_followed, start, end)
+    disjoint = pa.record_batch(
         {
-            "key": ["b/"],
-            "operation": pa.array([Op.DELETE_RANGE.value], pa.int8()),
-            "range_end": ["b/z"],
+            "key": ["b/", "c"],
+            "operation": pa.array([Op.DELETE_RANGE.value] * 2, pa.int8()),
+            "range_end": ["b/z", "d"],
         }
     )
-    assert prefix_mask(only_b, "a/").to_pylist() == [False]
+    assert ChangeKeys("a/").mask(disjoint).to_pylist() == [False, False]
+    assert ChangeKeys("", "a", "b").mask(disjoint).to_pylist() == [False, False]
 
 
 def test_key_filters_prune_to_exact_ranges_and_mask_exactly() -> None:

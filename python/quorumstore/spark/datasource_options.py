@@ -56,7 +56,8 @@ _ALLOWED: dict[Use, set[str]] = {
     Use.READ: _COMMON
     | {"valueSchema", "keyStart", "keyEnd", "keyPrefix", "readFrom", "maxRowsPerPartition"},
     Use.WRITE: _COMMON | {"valueColumns", "chunkRows"},
-    Use.STREAM_READ: _COMMON | {"valueSchema", "startingOffsets", "keyPrefix"},
+    Use.STREAM_READ: _COMMON
+    | {"valueSchema", "startingOffsets", "keyPrefix", "keyStart", "keyEnd"},
     # Spark passes the sink's checkpoint location on as an option.
     Use.STREAM_WRITE: _COMMON | {"valueColumns", "chunkRows", "checkpointLocation"},
 }

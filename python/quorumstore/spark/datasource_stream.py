@@ -14,10 +14,10 @@ unbounded), `commit_offset` the entry's offset, and `modified_timestamp` the ent
 time (for deletions too). Changes are kept `change_log.CHANGE_RETENTION_MS`; a stream
 that falls further behind fails with OUT_OF_RANGE instead of skipping changes.
 
-With the option `keyPrefix`, only changes to keys starting with it are delivered: puts
-and deletes of such keys, and the range deletes whose range holds such keys (with the
-range's own bounds, which may reach beyond the prefix). Keys are routed by hash, so every
-shard is still read.
+With the options `keyPrefix` and `keyStart`/`keyEnd` (a hierarchical range, as for batch
+reads), only changes to such keys are delivered: their puts and deletes, and the range
+deletes whose range holds such keys (with the range's own bounds, which may reach beyond
+the followed keys). Keys are routed by hash, so every shard is still read.
 """
 
 from __future__ import annotations
@@ -40,26 +40,46 @@ from quorumstore.spark.datasource_options import (
     parse_offsets,
 )
 from quorumstore.spark.datasource_read import RowShaper
+from quorumstore.storage.keys import encode_keys, key_range
 from quorumstore.storage.write_batch import Op
 
 _OPERATIONS = pa.array(["put", "delete", "delete_range"])
 
 
-def prefix_mask(batch: pa.RecordBatch, prefix: str) -> pa.Array:
-    """Which change-log rows of `batch` touch keys starting with `prefix`: point changes
-    of such keys, and range deletes whose hierarchical range holds one."""
-    keep = pc.starts_with(batch.column("key"), prefix)
-    is_range = pc.equal(batch.column("operation"), Op.DELETE_RANGE.value)
-    if not pc.any(is_range).as_py():
-        return keep
-    # Range deletes are rare and few; each is checked against the prefix's ranges.
-    wanted = prefix_ranges(prefix)
-    starts, ends = batch.column("key").to_pylist(), batch.column("range_end").to_pylist()
-    overlaps = [
-        bool(ranged) and bool(intersect([(start, end or "")], wanted))
-        for ranged, start, end in zip(is_range.to_pylist(), starts, ends, strict=True)
-    ]
-    return pc.or_(pc.and_not(keep, is_range), pa.array(overlaps))
+@dataclass(frozen=True)
+class ChangeKeys:
+    """The keys a change feed follows: those starting with `prefix` within the
+    hierarchical range [start, end) (an empty end: unbounded)."""
+
+    prefix: str = ""
+    start: str = ""
+    end: str = ""
+
+    @property
+    def everything(self) -> bool:
+        return not (self.prefix or self.start or self.end)
+
+    def mask(self, batch: pa.RecordBatch) -> pa.Array:
+        """Which change-log rows of `batch` touch followed keys: point changes of such
+        keys, and range deletes whose hierarchical range holds one."""
+        keys = batch.column("key")
+        keep = pc.starts_with(keys, self.prefix)
+        if self.start or self.end:
+            encoded = encode_keys(keys)
+            low, high = key_range(self.start, self.end)
+            keep = pc.and_(keep, pc.greater_equal(encoded, pa.scalar(low, pa.binary())))
+            keep = pc.and_(keep, pc.less(encoded, pa.scalar(high, pa.binary())))
+        is_range = pc.equal(batch.column("operation"), Op.DELETE_RANGE.value)
+        if not pc.any(is_range).as_py():
+            return keep
+        # Range deletes are rare and few; each is checked against the followed ranges.
+        wanted = intersect(prefix_ranges(self.prefix), [(self.start, self.end)])
+        ends = batch.column("range_end").to_pylist()
+        overlaps = [
+            bool(ranged) and bool(intersect([(start, end or "")], wanted))
+            for ranged, start, end in zip(is_range.to_pylist(), keys.to_pylist(), ends, strict=True)
+        ]
+        return pc.or_(pc.and_not(keep, is_range), pa.array(overlaps))
 
 
 @dataclass
@@ -85,6 +105,7 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         self.options = options
         self.codec = options.read_codec()
+        self.keys = ChangeKeys(options.key_prefix, options.key_start, options.key_end)
         with connect(options) as client:
             self._shards = [s.shard for s in client.shards()]
             if options.starting_offsets not in ("latest", "earliest"):
@@ -162,8 +183,8 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
         shaper = RowShaper(self.codec)
         with self.options.client() as client:
             for batch in client.changes(partition.shard, partition.start, partition.end):
-                if self.options.key_prefix:
-                    batch = batch.filter(prefix_mask(batch, self.options.key_prefix))
+                if not self.keys.everything:
+                    batch = batch.filter(self.keys.mask(batch))
                 if batch.num_rows == 0:
                     continue
                 yield shaper.shape(
