@@ -22,6 +22,7 @@ the followed keys). Keys are routed by hash, so every shard is still read.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 from quorumstore.data_client import DataClient
-from quorumstore.spark.datasource_keys import intersect, prefix_ranges
+from quorumstore.spark.datasource_keys import KeyRange, intersect, prefix_ranges
 from quorumstore.spark.datasource_options import (
     QuorumstoreOptionError,
     SourceOptions,
@@ -59,6 +60,16 @@ class ChangeKeys:
     def everything(self) -> bool:
         return not (self.prefix or self.start or self.end)
 
+    @functools.cached_property
+    def _ranges(self) -> list[KeyRange]:
+        """The hierarchical ranges holding exactly the followed keys."""
+        return intersect(prefix_ranges(self.prefix), [(self.start, self.end)])
+
+    @functools.cached_property
+    def _encoded_bounds(self) -> tuple[pa.Scalar, pa.Scalar]:
+        low, high = key_range(self.start, self.end)
+        return pa.scalar(low, pa.binary()), pa.scalar(high, pa.binary())
+
     def mask(self, batch: pa.RecordBatch) -> pa.Array:
         """Which change-log rows of `batch` touch followed keys: point changes of such
         keys, and range deletes whose hierarchical range holds one."""
@@ -66,17 +77,16 @@ class ChangeKeys:
         keep = pc.starts_with(keys, self.prefix)
         if self.start or self.end:
             encoded = encode_keys(keys)
-            low, high = key_range(self.start, self.end)
-            keep = pc.and_(keep, pc.greater_equal(encoded, pa.scalar(low, pa.binary())))
-            keep = pc.and_(keep, pc.less(encoded, pa.scalar(high, pa.binary())))
+            low, high = self._encoded_bounds
+            keep = pc.and_(keep, pc.greater_equal(encoded, low))
+            keep = pc.and_(keep, pc.less(encoded, high))
         is_range = pc.equal(batch.column("operation"), Op.DELETE_RANGE.value)
         if not pc.any(is_range).as_py():
             return keep
         # Range deletes are rare and few; each is checked against the followed ranges.
-        wanted = intersect(prefix_ranges(self.prefix), [(self.start, self.end)])
         ends = batch.column("range_end").to_pylist()
         overlaps = [
-            bool(ranged) and bool(intersect([(start, end or "")], wanted))
+            bool(ranged) and bool(intersect([(start, end or "")], self._ranges))
             for ranged, start, end in zip(is_range.to_pylist(), keys.to_pylist(), ends, strict=True)
         ]
         return pc.or_(pc.and_not(keep, is_range), pa.array(overlaps))

@@ -85,11 +85,17 @@ class NodeJob(threading.Thread):
         self._submissions = 0
         self._failures: list[str] = []
 
+    def _ended(self) -> bool:
+        """Cancelled, or the SparkContext stopped under the job (then reported)."""
+        if self._stopping.is_set():
+            return True
+        if spark_stopped(self._sc):
+            self._on_spark_stopped()
+            return True
+        return False
+
     def run(self) -> None:
-        while not self._stopping.is_set():
-            if spark_stopped(self._sc):
-                self._on_spark_stopped()
-                return
+        while not self._ended():
             with self._lock:
                 self._submissions += 1
             self._sc.setJobGroup(self.group, self._description, interruptOnCancel=True)
@@ -99,10 +105,7 @@ class NodeJob(threading.Thread):
                 failure = "the node tasks returned"
             except Exception as e:  # noqa: BLE001 - every way a job ends is a failure here
                 failure = describe_failure(e)
-            if self._stopping.is_set():
-                return
-            if spark_stopped(self._sc):
-                self._on_spark_stopped()
+            if self._ended():
                 return
             with self._lock:
                 self._failures.append(failure)
