@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
 from quorumstore.storage import state_machine
-from quorumstore.storage.keys import compare_keys, key_range
+from quorumstore.storage.keys import compare_keys, encode_key, key_range
 from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
 from quorumstore.storage.snapshot import install_snapshot, iter_snapshot_chunks
 from quorumstore.storage.state_machine import (
@@ -616,6 +617,24 @@ def test_scan_arrow_of_plain_records(shard: Shard, monkeypatch: pytest.MonkeyPat
         assert sum(sizes[start : start + batch.num_rows]) <= cap
         start += batch.num_rows
     assert pa.Table.from_batches(capped).equals(table)
+
+
+def test_scan_batches_of_more_bytes_than_one_arrow_array_holds() -> None:
+    # A run whose records overflow a BinaryArray's 32-bit offsets (2 GiB) becomes a
+    # chunked array; every record still comes out, each big one alone in its batch.
+    big = 1_100_000_000
+    records = [
+        encode_record(Record(b"v" * (big if i in (30, 40) else i), i, 0, 1, 1)) for i in range(64)
+    ]
+    keys = [encode_key(f"k/{i:02d}") for i in range(64)]
+    batches = list(state_machine._bounded_batches(keys, records))
+    del records
+    assert [b.num_rows for b in batches] == [30, 1, 9, 1, 23]
+    table = pa.Table.from_batches(batches)
+    assert table.column("key").to_pylist() == [f"k/{i:02d}" for i in range(64)]
+    assert table.column("version_id").to_pylist() == list(range(64))
+    sizes = pc.binary_length(table.column("value")).to_pylist()
+    assert sizes == [big if i in (30, 40) else i for i in range(64)]
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,16 @@ _FIRST_RUN = 16
 _MAX_RUN = 1024
 
 
+class _AboveEveryKey:
+    """The bound of an unbounded scan: ``key >= it`` is False for every bytes key."""
+
+    def __le__(self, other: object) -> bool:
+        return False
+
+
+_AFTER_EVERY_KEY: Any = _AboveEveryKey()
+
+
 class KvClosedError(RuntimeError):
     """A store or snapshot was used after `close()`."""
 
@@ -144,14 +154,14 @@ class _RocksReader(_ChunkedReader):
             it.seek(start if after is None else after)
             if after is not None and it.valid() and it.key() == after:
                 it.next()
-            # The hot loop of every bulk read: bound methods hoisted, no per-item tuples.
-            valid, key_of, value_of, step = it.valid, it.key, it.value, it.next
+            # The hot loop of every bulk read: bound methods hoisted, no per-item tuples,
+            # and no valid() call: an exhausted iterator's key() is None.
+            key_of, value_of, step = it.key, it.value, it.next
             add_key, add_value = keys.append, values.append
+            beyond = _AFTER_EVERY_KEY if end is None else end
             for _ in range(limit):
-                if not valid():
-                    break
                 key = key_of()
-                if end is not None and key >= end:
+                if key is None or key >= beyond:
                     break
                 add_key(key)
                 add_value(value_of())

@@ -14,10 +14,7 @@ batch see the effects of the ops before them.
 from __future__ import annotations
 
 import enum
-import itertools
-import operator
 import struct
-from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, overload
@@ -345,11 +342,8 @@ def _small_records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBat
     return pa.RecordBatch.from_arrays(columns, schema=SCAN_SCHEMA)
 
 
-def _records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
+def _records_batch(keys: pa.BinaryArray, records: pa.BinaryArray) -> pa.RecordBatch:
     """SCAN_SCHEMA batch of raw KV items, decoded with Arrow kernels, not per row."""
-    if len(keys) < _SMALL_BATCH:
-        return _small_records_batch(keys, values)
-    records = pa.array(values, pa.binary())
     if pc.any(pc.less(pc.binary_length(records), _HEADER.size)).as_py():
         raise ValueError(f"a record is shorter than its {_HEADER.size}-byte header")
     header = _record_headers(records)
@@ -359,20 +353,37 @@ def _records_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
         value = _record_suffixes(records, _HEADER.size + string_lengths)
     else:
         value = pc.binary_slice(records, _HEADER.size, _BINARY_END)
-    key = decode_keys(pa.array(keys, pa.binary()))
-    return pa.RecordBatch.from_arrays([key, value, *fields], schema=SCAN_SCHEMA)
+    return pa.RecordBatch.from_arrays([decode_keys(keys), value, *fields], schema=SCAN_SCHEMA)
+
+
+def _byte_ends(items: pa.BinaryArray) -> np.ndarray:
+    """Bytes of items[0..i] for every i (int64), read from the array's offsets."""
+    offsets = np.frombuffer(items.buffers()[1], np.int32, len(items) + 1, items.offset * 4)
+    return offsets[1:].astype(np.int64) - offsets[0]
 
 
 def _bounded_batches(keys: list[bytes], values: list[bytes]) -> Iterator[pa.RecordBatch]:
-    """`_records_batch` of the items, cut so that no batch holds more than
-    _MAX_BATCH_BYTES (unless one item alone does)."""
-    ends = list(itertools.accumulate(map(operator.add, map(len, keys), map(len, values))))
-    start = 0
-    while start < len(keys):
-        below = ends[start - 1] if start else 0
-        stop = max(start + 1, bisect_right(ends, below + _MAX_BATCH_BYTES, lo=start))
-        yield _records_batch(keys[start:stop], values[start:stop])
-        start = stop
+    """SCAN_SCHEMA batches of the items, cut so that no batch holds more than
+    _MAX_BATCH_BYTES (unless one item alone does). The items become Arrow arrays first
+    (chunked when their bytes overflow one array), and the cuts come from the arrays'
+    offsets, so nothing here looks at the items one by one."""
+    if len(keys) < _SMALL_BATCH:
+        if keys:
+            yield _small_records_batch(keys, values)
+        return
+    # pa.array returns a ChunkedArray when the bytes overflow one array's offsets.
+    items = pa.Table.from_arrays(
+        [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], names=["key", "record"]
+    )
+    for piece in items.to_batches():
+        key_array, records = piece.column(0), piece.column(1)
+        ends = _byte_ends(key_array) + _byte_ends(records)
+        start = 0
+        while start < len(ends):
+            below = ends[start - 1] if start else 0
+            stop = max(start + 1, int(np.searchsorted(ends, below + _MAX_BATCH_BYTES, "right")))
+            yield _records_batch(key_array[start:stop], records[start:stop])
+            start = stop
 
 
 class _PutResults(Sequence[OpResult]):
