@@ -619,6 +619,19 @@ def test_scan_arrow_of_plain_records(shard: Shard, monkeypatch: pytest.MonkeyPat
     assert pa.Table.from_batches(capped).equals(table)
 
 
+def test_a_short_scan_run_is_cut_to_the_byte_cap_too(
+    shard: Shard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Runs below the row-by-row threshold (64 items) obey the cap as long ones do.
+    shard.apply(puts(*((f"s/{i:02d}", bytes([i]) * 1000) for i in range(10))))
+    whole = pa.Table.from_batches(list(shard.sm.scan_arrow("", "")))
+    monkeypatch.setattr(state_machine, "_MAX_BATCH_BYTES", 3000)
+    capped = list(shard.sm.scan_arrow("", ""))
+    assert len(capped) >= 4
+    assert all(b.column("value").nbytes <= 3000 for b in capped)
+    assert pa.Table.from_batches(capped).equals(whole)
+
+
 def test_scan_batches_of_more_bytes_than_one_arrow_array_holds() -> None:
     # A run whose records overflow a BinaryArray's 32-bit offsets (2 GiB) becomes a
     # chunked array; every record still comes out, each big one alone in its batch.

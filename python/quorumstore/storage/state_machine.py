@@ -308,12 +308,17 @@ def _record_headers(records: pa.BinaryArray) -> np.ndarray:
     return np.frombuffer(_fixed_width_data(raw, _HEADER.size), _RECORD_HEADER, len(raw))
 
 
+def _offsets(items: pa.BinaryArray) -> np.ndarray:
+    """The len(items) + 1 offsets of a (possibly sliced) BinaryArray, viewed in place."""
+    return np.frombuffer(items.buffers()[1], np.int32, len(items) + 1, items.offset * 4)
+
+
 def _record_suffixes(records: pa.BinaryArray, starts: np.ndarray) -> pa.BinaryArray:
     """Record i from byte starts[i] on, for every i: the values behind variable-length
     strings. A list view over the records' bytes picks the suffixes, flattening packs
     them, and their sizes give the new offsets."""
     n = len(records)
-    offsets = np.frombuffer(records.buffers()[1], np.int32, n + 1, records.offset * 4)
+    offsets = _offsets(records)
     begins = offsets[:-1] + starts.astype(np.int32)
     sizes = offsets[1:] - begins
     if (sizes < 0).any():
@@ -358,7 +363,7 @@ def _records_batch(keys: pa.BinaryArray, records: pa.BinaryArray) -> pa.RecordBa
 
 def _byte_ends(items: pa.BinaryArray) -> np.ndarray:
     """Bytes of items[0..i] for every i (int64), read from the array's offsets."""
-    offsets = np.frombuffer(items.buffers()[1], np.int32, len(items) + 1, items.offset * 4)
+    offsets = _offsets(items)
     return offsets[1:].astype(np.int64) - offsets[0]
 
 
@@ -366,11 +371,14 @@ def _bounded_batches(keys: list[bytes], values: list[bytes]) -> Iterator[pa.Reco
     """SCAN_SCHEMA batches of the items, cut so that no batch holds more than
     _MAX_BATCH_BYTES (unless one item alone does). The items become Arrow arrays first
     (chunked when their bytes overflow one array), and the cuts come from the arrays'
-    offsets, so nothing here looks at the items one by one."""
+    offsets, so a long run's items are not looked at one by one. A short run that fits
+    the limit is decoded row by row (`_small_records_batch`)."""
     if len(keys) < _SMALL_BATCH:
-        if keys:
-            yield _small_records_batch(keys, values)
-        return
+        small_bytes = sum(map(len, keys)) + sum(map(len, values))
+        if small_bytes <= _MAX_BATCH_BYTES:
+            if keys:
+                yield _small_records_batch(keys, values)
+            return
     # pa.array returns a ChunkedArray when the bytes overflow one array's offsets.
     items = pa.Table.from_arrays(
         [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], names=["key", "record"]
