@@ -26,6 +26,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -83,11 +84,17 @@ class ChangeKeys:
         is_range = pc.equal(batch.column("operation"), Op.DELETE_RANGE.value)
         if not pc.any(is_range).as_py():
             return keep
-        # Range deletes are rare and few; each is checked against the followed ranges.
-        ends = batch.column("range_end").to_pylist()
-        overlaps = [
-            bool(ranged) and bool(intersect([(start, end or "")], self._ranges))
-            for ranged, start, end in zip(is_range.to_pylist(), keys.to_pylist(), ends, strict=True)
+        # Range deletes are rare and few: only their rows are checked, in Python, against
+        # the followed ranges; the batch's other rows are not taken out of Arrow.
+        rows = pc.indices_nonzero(is_range)
+        overlaps = np.zeros(len(batch), dtype=bool)
+        overlaps[rows.to_numpy()] = [
+            bool(intersect([(start, end or "")], self._ranges))
+            for start, end in zip(
+                keys.take(rows).to_pylist(),
+                batch.column("range_end").take(rows).to_pylist(),
+                strict=True,
+            )
         ]
         return pc.or_(pc.and_not(keep, is_range), pa.array(overlaps))
 
