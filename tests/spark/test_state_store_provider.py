@@ -1013,8 +1013,12 @@ def test_sparks_maintenance_thread_snapshots_and_drops_old_versions(
         return sorted({int(k.split("/")[-3]) for k in keys})
 
     def await_maintenance(batch_id: int) -> None:
-        # Before batch 6 commits: versions 1..6 are committed, 5 and 6 must stay loadable.
-        if batch_id != 6:
+        # Before batch b runs, versions 1..b are committed. Batches come faster than the
+        # 1 s maintenance interval, so the first snapshot is awaited at batch 3 (it then
+        # lands at version 3 at most): one first taken at version 6 would leave nothing
+        # below 6 - minBatchesToRetain that cleanup could keep as the new base.
+        # At batch 6, versions 5 and 6 must stay loadable and the rest may go.
+        if batch_id not in (3, 6):
             return
         pk = f"statestore/{spark.streams.active[0].id}/0/0/default"
         with Client(",".join(cluster.nodes)) as client:
@@ -1022,7 +1026,7 @@ def test_sparks_maintenance_thread_snapshots_and_drops_old_versions(
             while time.monotonic() < deadline:
                 seen["snapshot"] = versions(client, pk, "snapshot")
                 seen["delta"] = versions(client, pk, "delta")
-                if seen["snapshot"] and 1 not in seen["delta"]:
+                if seen["snapshot"] and (batch_id == 3 or 1 not in seen["delta"]):
                     return
                 time.sleep(0.2)
 
