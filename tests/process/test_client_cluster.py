@@ -5,6 +5,8 @@ cluster again through the other nodes. Writers keep writing through the failover
 every write must succeed (it is retried across the leader change within
 `request_timeout_s`), be readable afterwards, and appear exactly once in the change
 notifications, which resume on the new leader from the last offset delivered.
+A range scan cut by the kill continues on the new leader, and a session's
+keep-alives follow the leader, so its ephemeral records outlive the old one.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from collections.abc import Callable
 
 import pytest
 
-from quorumstore import AsyncClient
-from quorumstore.client import NotificationType
+from quorumstore import AsyncClient, Client
+from quorumstore.client import KeyNotFound, NotificationType
 
 pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -74,3 +76,64 @@ def test_writes_and_notifications_survive_a_leader_kill(
             assert all(r.version.modifications_count == 0 for r in records)  # each applied once
 
     asyncio.run(run())
+
+
+#: Far more than gRPC buffers between a paused reader and the server: the scan must be
+#: re-opened on the new leader to finish.
+SCAN_RECORDS = 30_000
+SCAN_VALUE = b"v" * 1024
+
+
+@pytest.mark.parametrize("use_index", [None, "countdown"])
+def test_a_range_scan_cut_by_a_leader_kill_continues_on_the_new_leader(
+    make_cluster: Callable[..., object], use_index: str | None
+) -> None:
+    cluster = make_cluster(nodes=3, shards=1)
+    victim = cluster.leader_of(0)  # type: ignore[attr-defined]
+    term = cluster.shard_metadata(0).term  # type: ignore[attr-defined]
+    keys = [f"/scan/{i:05d}" for i in range(SCAN_RECORDS)]
+
+    async def load() -> None:
+        async with AsyncClient(victim) as client:
+            # The index runs backwards, so index order is the keys' reverse.
+            await asyncio.gather(
+                *(
+                    client.put(
+                        key, SCAN_VALUE, secondary_indexes={"countdown": f"{SCAN_RECORDS - i:05d}"}
+                    )
+                    for i, key in enumerate(keys)
+                )
+            )
+
+    asyncio.run(load())
+    expected = keys if use_index is None else keys[::-1]
+    start, end = ("/scan/", "/scan/~") if use_index is None else ("", "")
+    with Client(victim, request_timeout_s=60) as client:
+        records = client.range_scan(start, end, use_index=use_index)
+        found = [next(records)]  # the stream is open; the reader pauses
+        cluster.kill9(victim)  # type: ignore[attr-defined]
+        cluster.wait_new_leader(0, victim, term)  # type: ignore[attr-defined]
+        found.extend(records)
+    assert [r.key for r in found] == expected  # nothing lost, nothing repeated
+    assert all(r.value == SCAN_VALUE for r in found)
+
+
+def test_ephemeral_records_outlive_a_leader_kill_while_keep_alives_flow(
+    make_cluster: Callable[..., object],
+) -> None:
+    cluster = make_cluster(nodes=3, shards=1)
+    victim = cluster.leader_of(0)  # type: ignore[attr-defined]
+    term = cluster.shard_metadata(0).term  # type: ignore[attr-defined]
+    timeout_ms = 3_000
+    with Client(victim, session_timeout_ms=timeout_ms) as owner:
+        version = owner.put("/eph/survivor", b"alive", ephemeral=True)
+        cluster.kill9(victim)  # type: ignore[attr-defined]
+        cluster.wait_new_leader(0, victim, term)  # type: ignore[attr-defined]
+        # A new leader grants each session one timeout of grace; after two, only
+        # keep-alives that found it hold the session open.
+        time.sleep(2 * timeout_ms / 1000)
+        with Client(cluster.live_nodes()) as observer:  # type: ignore[attr-defined]
+            assert observer.get("/eph/survivor").version == version
+            owner.close()
+            with pytest.raises(KeyNotFound):
+                observer.get("/eph/survivor")

@@ -142,7 +142,8 @@ def test_index_lists_primary_keys_by_secondary_key(shard: Shard) -> None:
     assert list(shard.sm.list_by_index("name", "alice", "bob")) == ["/u/2"]
     assert list(shard.sm.list_by_index("age", "", "")) == ["/u/1"]
     assert list(shard.sm.list_by_index("nope", "", "")) == []
-    assert [k for k, _ in shard.sm.range_scan_by_index("name", "b", "")] == ["/u/1", "/u/3", "/u/4"]
+    found = [(k, s) for k, s, _ in shard.sm.range_scan_by_index("name", "b", "")]
+    assert found == [("/u/1", "bob"), ("/u/3", "bob"), ("/u/4", "a/deeper")]
 
 
 def test_index_entries_follow_overwrites_deletes_and_delete_ranges(shard: Shard) -> None:

@@ -19,10 +19,12 @@ from quorumstore.client.errors import (
     UnexpectedVersionId,
 )
 from quorumstore.client.notifications import Notification, NotificationType, Subscription
-from quorumstore.client.sync_client import Client, Notifications
+from quorumstore.client.sequences import SequenceSubscription
+from quorumstore.client.sync_client import Client, Notifications, SequenceUpdates
 from quorumstore.client.types import (
     EXPECTED_RECORD_DOES_NOT_EXIST,
     ComparisonType,
+    PutResult,
     Record,
     Version,
 )
@@ -42,8 +44,11 @@ __all__ = [
     "NotificationType",
     "Notifications",
     "PutManyData",
+    "PutResult",
     "QuorumStoreError",
     "Record",
+    "SequenceSubscription",
+    "SequenceUpdates",
     "ServiceUnavailable",
     "SessionDoesNotExist",
     "Subscription",

@@ -18,7 +18,7 @@ import asyncio
 import builtins
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -28,19 +28,28 @@ from quorumstore.client import arrow
 from quorumstore.client.batcher import Batcher, BatchLimits
 from quorumstore.client.calls import ShardCaller
 from quorumstore.client.discovery import Channels, Directory
-from quorumstore.client.errors import ClientClosed, InvalidRequest, KeyNotFound
+from quorumstore.client.errors import (
+    ClientClosed,
+    InvalidRequest,
+    KeyNotFound,
+    SessionDoesNotExist,
+)
 from quorumstore.client.notifications import Subscription
-from quorumstore.client.reads import GetOp, ReadSender
+from quorumstore.client.reads import GetOp, IndexMatch, ReadSender
 from quorumstore.client.scans import (
+    index_sort_key,
     merge_sorted,
     record_sort_key,
     shard_keys,
     shard_records,
     to_records,
 )
+from quorumstore.client.sequences import SequenceSubscription
+from quorumstore.client.sessions import ShardSessions, check_session_timeout
 from quorumstore.client.types import (
     EXPECTED_RECORD_DOES_NOT_EXIST,
     ComparisonType,
+    PutResult,
     Record,
     Version,
 )
@@ -49,15 +58,23 @@ from quorumstore.client.writes import (
     DELETE_RANGE,
     OP_OVERHEAD_BYTES,
     PUT,
+    PutOptions,
     WriteOp,
     WriteSender,
 )
 from quorumstore.proto import quorumstore_data_pb2 as data_pb
 from quorumstore.storage.keys import encode_key
+from quorumstore.storage.secondary_indexes import index_order
 
 DEFAULT_NAMESPACE = "default"
+#: Oxia clients' default session timeout.
+DEFAULT_SESSION_TIMEOUT_MS = 30_000
 #: Version ids are int64 on the wire.
 _MAX_VERSION_ID = 2**63 - 1
+#: Sequence-key deltas are uint64 on the wire.
+_MAX_DELTA = 2**64 - 1
+#: What `secondary_indexes=` takes: index name -> one secondary key or several.
+SecondaryIndexes = Mapping[str, str | Iterable[str]]
 
 
 def _value_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
@@ -101,6 +118,43 @@ def _check_expected_version(expected_version_id: int | None) -> None:
         )
 
 
+def _index_pairs(secondary_indexes: SecondaryIndexes | None) -> tuple[tuple[str, str], ...]:
+    """(index name, secondary key) pairs of a put, checked before it is queued."""
+    if not secondary_indexes:
+        return ()
+    if not isinstance(secondary_indexes, Mapping):
+        raise TypeError(
+            "secondary_indexes must map index names to secondary keys, got "
+            f"{type(secondary_indexes).__name__}"
+        )
+    pairs = []
+    for name, keys in secondary_indexes.items():
+        _check_key(name, "a secondary index name")
+        for secondary_key in [keys] if isinstance(keys, str) else keys:
+            _check_key(secondary_key, f"a secondary key of index {name!r}")
+            pairs.append((name, secondary_key))
+    return tuple(pairs)
+
+
+def _sequence_deltas(deltas: Sequence[int]) -> tuple[int, ...]:
+    """A sequence-key put's deltas, checked as Oxia checks them."""
+    if isinstance(deltas, (str, bytes)) or not isinstance(deltas, Sequence):
+        raise TypeError(
+            f"sequence_keys_deltas must be a sequence of ints, got {type(deltas).__name__}"
+        )
+    checked = tuple(deltas)
+    if not checked:
+        raise InvalidRequest("sequence_keys_deltas is empty; give at least one delta")
+    for delta in checked:
+        if isinstance(delta, bool) or not isinstance(delta, int):
+            raise TypeError(f"a sequence key delta must be an int, got {type(delta).__name__}")
+        if not 0 <= delta <= _MAX_DELTA:
+            raise InvalidRequest(f"a sequence key delta is {delta}; it must be 0 to {_MAX_DELTA}")
+    if checked[0] == 0:
+        raise InvalidRequest("the first sequence key delta is 0; it must be > 0")
+    return checked
+
+
 class AsyncClient:
     """A quorumstore client for asyncio code.
 
@@ -122,6 +176,9 @@ class AsyncClient:
       connect_timeout_s: how long `connect` waits for the first shard map.
       exactly_once: tag write batches with a client id and serial so that a retried
         batch is applied once (default True).
+      session_timeout_ms: how long the cluster keeps the client's ephemeral records
+        after its last keep-alive (2,000 to 300,000; default 30,000).
+      client_identifier: recorded with each ephemeral record (default `client_id`).
     """
 
     def __init__(
@@ -136,6 +193,8 @@ class AsyncClient:
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 30.0,
         exactly_once: bool = True,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        client_identifier: str | None = None,
     ) -> None:
         numbers = {
             "max_batch_ops": max_batch_ops,
@@ -149,6 +208,9 @@ class AsyncClient:
                 raise ValueError(f"{name} must be positive, got {number}")
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        check_session_timeout(session_timeout_ms)
+        if client_identifier is not None:
+            _check_key(client_identifier, "client_identifier")
         addresses = address.split(",") if isinstance(address, str) else list(address)
         if not addresses:
             raise ValueError("give at least one node address (host:port) to find the cluster by")
@@ -161,6 +223,9 @@ class AsyncClient:
         self.namespace = namespace
         #: This instance's identity in exactly-once serials (a random UUID).
         self.client_id = uuid.uuid4().hex
+        #: Recorded with this client's ephemeral records.
+        self.client_identifier = client_identifier or self.client_id
+        self._session_timeout_ms = session_timeout_ms
         self._limits = BatchLimits(
             linger_ms / 1000, max_batch_ops, max_batch_bytes, max_inflight_batches
         )
@@ -172,9 +237,12 @@ class AsyncClient:
         self._writer: WriteSender | None = None
         self._reader: ReadSender | None = None
         self._caller: ShardCaller | None = None
+        self._sessions: ShardSessions | None = None
         self._write_batchers: dict[int, Batcher[WriteOp]] = {}
         self._read_batchers: dict[int, Batcher[GetOp]] = {}
-        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
+        self._subscriptions: weakref.WeakSet[Subscription | SequenceSubscription] = (
+            weakref.WeakSet()
+        )
         self._closed = False
 
     # ------------------------------------------------------------ lifecycle
@@ -196,10 +264,14 @@ class AsyncClient:
         self._caller = ShardCaller(directory, channels, self._request_timeout_s)
         self._writer = WriteSender(self._caller, self.namespace, self.client_id, self._exactly_once)
         self._reader = ReadSender(self._caller)
+        self._sessions = ShardSessions(
+            self._caller, self._session_timeout_ms, self.client_identifier
+        )
         return self
 
     async def close(self) -> None:
-        """Sends what is queued, waits for in-flight batches, ends notification
+        """Sends what is queued, waits for in-flight batches, closes the sessions
+        (deleting this client's ephemeral records), ends notification and sequence
         subscriptions, and closes the connections."""
         if self._closed:
             return
@@ -209,6 +281,8 @@ class AsyncClient:
             *self._read_batchers.values(),
         ]
         await asyncio.gather(*(b.drain() for b in batchers))
+        if self._sessions is not None:
+            await self._sessions.close()
         await asyncio.gather(*(s.aclose() for s in list(self._subscriptions)))
         if self._directory is not None:
             await self._directory.close()
@@ -265,10 +339,24 @@ class AsyncClient:
         _check_key(key)
         _check_expected_version(expected_version_id)
         data = _value_bytes(value)
-        future: asyncio.Future[Version] = asyncio.get_running_loop().create_future()
         shard = self._route(directory, key, partition_key)
-        op = WriteOp(PUT, key, data, expected_version_id, partition_key, future)  # type: ignore[arg-type]
-        self._write_batcher(shard).add(op, len(key) + len(data) + OP_OVERHEAD_BYTES)
+        return self._queue_put(shard, key, data, expected_version_id, partition_key, None)  # type: ignore[return-value]
+
+    def _queue_put(
+        self,
+        shard: int,
+        key: str,
+        data: bytes,
+        expected_version_id: int | None,
+        partition_key: str | None,
+        options: PutOptions | None,
+    ) -> asyncio.Future[Version | PutResult]:
+        future: asyncio.Future[Version | PutResult] = asyncio.get_running_loop().create_future()
+        op = WriteOp(PUT, key, data, expected_version_id, partition_key, future, options)  # type: ignore[arg-type]
+        size = len(key) + len(data) + OP_OVERHEAD_BYTES
+        if options is not None:
+            size += sum(len(name) + len(sk) for name, sk in options.secondary_indexes)
+        self._write_batcher(shard).add(op, size)
         return future
 
     def submit_get(
@@ -295,6 +383,8 @@ class AsyncClient:
         *,
         expected_version_id: int | None = None,
         partition_key: str | None = None,
+        ephemeral: bool = False,
+        secondary_indexes: SecondaryIndexes | None = None,
     ) -> Version:
         """Stores `value` under `key`; returns the record's new version.
 
@@ -303,8 +393,81 @@ class AsyncClient:
           raises UnexpectedVersionId.
         partition_key: route by this instead of the key, keeping the records that
           share it on one shard (it is stored with the record).
+        ephemeral: the record lives only as long as this client's session on its
+          shard: it is deleted when the client closes, or `session_timeout_ms`
+          after the client stopped reaching the cluster.
+        secondary_indexes: index name -> secondary key (or several), to find the
+          record by with `get`, `list` and `range_scan`'s `use_index`. A put replaces
+          the record's earlier index entries.
         """
-        return await self.submit_put(key, value, expected_version_id, partition_key)
+        if not ephemeral and not secondary_indexes:
+            return await self.submit_put(key, value, expected_version_id, partition_key)
+        result = await self._put_with_options(
+            key, value, expected_version_id, partition_key, ephemeral, secondary_indexes, ()
+        )
+        assert isinstance(result, Version)
+        return result
+
+    async def put_sequence(
+        self,
+        prefix_key: str,
+        value: bytes | str,
+        *,
+        partition_key: str,
+        sequence_keys_deltas: Sequence[int] = (1,),
+        ephemeral: bool = False,
+        secondary_indexes: SecondaryIndexes | None = None,
+    ) -> PutResult:
+        """Stores `value` under a new key of the sequence at `prefix_key`; returns the
+        key the server assigned and the record's version.
+
+        The key is `prefix_key` followed by one `-` and a 20-digit number per delta:
+        each number is the sequence's last one plus its delta, so keys grow
+        monotonically. A sequence lives on one shard, hence the `partition_key`.
+        The first delta must be > 0. `ephemeral` and `secondary_indexes` as for `put`.
+        """
+        _check_str(partition_key, "partition_key")
+        deltas = _sequence_deltas(sequence_keys_deltas)
+        result = await self._put_with_options(
+            prefix_key, value, None, partition_key, ephemeral, secondary_indexes, deltas
+        )
+        assert isinstance(result, PutResult)
+        return result
+
+    async def _put_with_options(
+        self,
+        key: str,
+        value: bytes | str,
+        expected_version_id: int | None,
+        partition_key: str | None,
+        ephemeral: bool,
+        secondary_indexes: SecondaryIndexes | None,
+        deltas: tuple[int, ...],
+    ) -> Version | PutResult:
+        """A put with PutOptions; an ephemeral one whose session was found expired
+        (nothing was written) is put again once, under a new session."""
+        directory = self._ready()
+        _check_key(key)
+        _check_expected_version(expected_version_id)
+        data = _value_bytes(value)
+        pairs = _index_pairs(secondary_indexes)
+        shard = self._route(directory, key, partition_key)
+        assert self._sessions is not None
+        sessions = self._sessions
+        for attempt in range(2):
+            session_id = await sessions.session_id(shard) if ephemeral else None
+            self._ready()
+            identity = sessions.client_identity if ephemeral else None
+            options = PutOptions(session_id, identity, deltas, pairs)
+            try:
+                return await self._queue_put(
+                    shard, key, data, expected_version_id, partition_key, options
+                )
+            except SessionDoesNotExist:
+                if session_id is None or attempt == 1:
+                    raise
+                sessions.lost(shard, session_id)
+        raise AssertionError("unreachable: the loop returns or raises")
 
     async def delete(
         self,
@@ -402,6 +565,7 @@ class AsyncClient:
         partition_key: str | None = None,
         comparison: ComparisonType = ComparisonType.EQUAL,
         include_value: bool = True,
+        use_index: str | None = None,
     ) -> Record:
         """The record of `key` as (key, value, version); raises KeyNotFound if none.
 
@@ -409,75 +573,110 @@ class AsyncClient:
           hierarchical order instead (across all shards unless `partition_key` is
           given); the record's key says which one was found.
         include_value: False returns the version only (value None).
+        use_index: `key` is a secondary key of this index; the record found through
+          it is returned (its own key is the primary key). With several records
+          under one secondary key, the one with the lowest primary key.
         """
-        if comparison == ComparisonType.EQUAL:
+        if comparison == ComparisonType.EQUAL and use_index is None:
             return await self.submit_get(key, partition_key, include_value)
         directory = self._ready()
         _check_str(key, "key")
+        if use_index is not None:
+            _check_key(use_index, "use_index")
         loop = asyncio.get_running_loop()
         futures = []
         for shard in self._shards(directory, partition_key):
-            future: asyncio.Future[Record] = loop.create_future()
-            self._read_batcher(shard).add(
-                GetOp(key, int(comparison), include_value, future), len(key) + OP_OVERHEAD_BYTES
-            )
+            future: asyncio.Future[Record | IndexMatch] = loop.create_future()
+            get = GetOp(key, int(comparison), include_value, future, use_index)  # type: ignore[arg-type]
+            self._read_batcher(shard).add(get, len(key) + OP_OVERHEAD_BYTES)
             futures.append(future)
-        found: list[Record] = []
+        # Each shard's nearest match, ordered as the comparison looks: by key, or
+        # through an index by secondary key, then primary key.
+        found: dict[bytes, Record] = {}
         for outcome in await asyncio.gather(*futures, return_exceptions=True):
-            if isinstance(outcome, Record):
-                found.append(outcome)
+            if isinstance(outcome, IndexMatch):
+                found[index_order(outcome.secondary_key, outcome.record.key)] = outcome.record
+            elif isinstance(outcome, Record):
+                found[encode_key(outcome.key)] = outcome
             elif not isinstance(outcome, KeyNotFound):
                 raise outcome
         if not found:
             raise KeyNotFound(key)
-        lowest = comparison in (ComparisonType.CEILING, ComparisonType.HIGHER)
-        pick = min if lowest else max
-        return pick(found, key=lambda r: encode_key(r.key))
+        lower = comparison in (ComparisonType.FLOOR, ComparisonType.LOWER)
+        return found[max(found) if lower else min(found)]
 
     async def list(
-        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+        self,
+        min_key_inclusive: str,
+        max_key_exclusive: str,
+        *,
+        partition_key: str | None = None,
+        use_index: str | None = None,
     ) -> builtins.list[str]:
-        """The keys in [min, max) in hierarchical order ("" max: no bound)."""
+        """The keys in [min, max) in hierarchical order ("" max: no bound).
+
+        use_index: [min, max) is a range of this index's secondary keys; returns the
+          primary keys of the records found, in hierarchical order (a record indexed
+          under several secondary keys in range is listed once for each).
+        """
         directory = self._ready()
         _check_range(min_key_inclusive, max_key_exclusive)
+        if use_index is not None:
+            _check_key(use_index, "use_index")
         assert self._caller is not None
         caller = self._caller
         parts = await asyncio.gather(
             *(
-                shard_keys(caller, shard, min_key_inclusive, max_key_exclusive)
+                shard_keys(caller, shard, min_key_inclusive, max_key_exclusive, use_index)
                 for shard in self._shards(directory, partition_key)
             )
         )
-        if len(parts) == 1:
+        if len(parts) == 1 and use_index is None:
             return parts[0]
         return sorted((k for part in parts for k in part), key=encode_key)
 
     async def range_scan(
-        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+        self,
+        min_key_inclusive: str,
+        max_key_exclusive: str,
+        *,
+        partition_key: str | None = None,
+        use_index: str | None = None,
     ) -> AsyncIterator[Record]:
         """The records in [min, max) in hierarchical order, streamed as they arrive.
 
         `async for key, value, version in client.range_scan("/a/", "/a/~")`.
+
+        use_index: [min, max) is a range of this index's secondary keys; the records
+          come in index order (by secondary key, then primary key).
         """
         async for chunk in self.range_scan_chunks(
-            min_key_inclusive, max_key_exclusive, partition_key=partition_key
+            min_key_inclusive, max_key_exclusive, partition_key=partition_key, use_index=use_index
         ):
             for record in chunk:
                 yield record
 
     async def range_scan_chunks(
-        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+        self,
+        min_key_inclusive: str,
+        max_key_exclusive: str,
+        *,
+        partition_key: str | None = None,
+        use_index: str | None = None,
     ) -> AsyncIterator[builtins.list[Record]]:
         """`range_scan` in chunks of records (fewer hand-offs for large scans)."""
         directory = self._ready()
         _check_range(min_key_inclusive, max_key_exclusive)
+        if use_index is not None:
+            _check_key(use_index, "use_index")
         assert self._caller is not None
         caller = self._caller
         streams = [
-            shard_records(caller, shard, min_key_inclusive, max_key_exclusive)
+            shard_records(caller, shard, min_key_inclusive, max_key_exclusive, use_index)
             for shard in self._shards(directory, partition_key)
         ]
-        merged = streams[0] if len(streams) == 1 else merge_sorted(streams, record_sort_key)
+        sort_key = record_sort_key if use_index is None else index_sort_key
+        merged = streams[0] if len(streams) == 1 else merge_sorted(streams, sort_key)
         try:
             async for chunk in merged:
                 yield to_records(chunk)
@@ -548,6 +747,21 @@ class AsyncClient:
             start_offset_exclusive = {shard: start_offset_exclusive}
         shards = directory.map.shards if shard is None else [shard]
         subscription = Subscription(self._caller, shards, start_offset_exclusive or {})
+        self._subscriptions.add(subscription)
+        return subscription
+
+    def sequence_updates(self, prefix_key: str, *, partition_key: str) -> SequenceSubscription:
+        """Follows the sequence at `prefix_key`: yields its highest key each time a
+        `put_sequence` extends it (the current one first, if the sequence has keys).
+
+        `async with client.sequence_updates("/q", partition_key="q") as keys:
+        async for key in keys: ...`. A reader that falls behind gets the newest key.
+        """
+        directory = self._ready()
+        _check_key(prefix_key, "prefix_key")
+        assert self._caller is not None
+        shard = self._route(directory, prefix_key, partition_key)
+        subscription = SequenceSubscription(self._caller, shard, prefix_key)
         self._subscriptions.add(subscription)
         return subscription
 

@@ -52,13 +52,20 @@ class UnexpectedVersionId(QuorumStoreError):
 
 
 class SessionDoesNotExist(QuorumStoreError):
-    """A write named a session the shard does not know (expired or closed)."""
+    """A session the shard does not know (it expired or was closed).
 
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
+    Raised for a put that named the session (`key` is its key) or for a keep-alive
+    or close of it (`key` is None).
+    """
+
+    def __init__(self, key: str | None, detail: str = "") -> None:
+        super().__init__(key, detail)
         self.key = key
+        self.detail = detail
 
     def __str__(self) -> str:
+        if self.key is None:
+            return self.detail or "session does not exist"
         return f"session does not exist for the write of {self.key!r}"
 
 

@@ -18,34 +18,50 @@ from quorumstore.client.types import Record, version_from_proto
 from quorumstore.proto import oxia_client_pb2 as pb
 
 
+class IndexMatch(NamedTuple):
+    """A get through a secondary index: the secondary key matched, and the record."""
+
+    secondary_key: str
+    record: Record
+
+
 class GetOp(NamedTuple):
+    """One queued get; through `index_name`, its future gets an IndexMatch."""
+
     key: str
     comparison: int
     include_value: bool
-    future: asyncio.Future[Record]
+    future: asyncio.Future[Record] | asyncio.Future[IndexMatch]
+    index_name: str | None = None
 
 
-def _outcome(op: GetOp, result: pb.GetResponse) -> Record | QuorumStoreError:
+def _outcome(op: GetOp, result: pb.GetResponse) -> Record | IndexMatch | QuorumStoreError:
     if result.status == pb.KEY_NOT_FOUND:
         return KeyNotFound(op.key)
     if result.status != pb.OK:
         return QuorumStoreError(f"get of {op.key!r} returned unknown status {result.status}")
     key = result.key if result.HasField("key") else op.key
     value = result.value if op.include_value else None
-    return Record(key, value, version_from_proto(result.version))
+    record = Record(key, value, version_from_proto(result.version))
+    if op.index_name is not None:
+        return IndexMatch(result.secondary_index_key, record)
+    return record
 
 
 class ReadSender:
     def __init__(self, caller: ShardCaller) -> None:
         self._caller = caller
 
-    async def read(self, shard: int, ops: Sequence[GetOp]) -> list[Record | QuorumStoreError]:
-        """The outcome of each get, in order (a Record, or the error to raise)."""
+    async def read(
+        self, shard: int, ops: Sequence[GetOp]
+    ) -> list[Record | IndexMatch | QuorumStoreError]:
+        """The outcome of each get, in order (a Record or IndexMatch, or the error to raise)."""
         request = pb.ReadRequest(shard=shard)
+        add = request.gets.add
         for op in ops:
-            request.gets.add(
-                key=op.key, include_value=op.include_value, comparison_type=op.comparison
-            )
+            get = add(key=op.key, include_value=op.include_value, comparison_type=op.comparison)
+            if op.index_name is not None:
+                get.secondary_index_name = op.index_name
 
         stub = self._caller.channels.stub
 
@@ -83,10 +99,10 @@ class ReadSender:
             _set(op, outcome)
 
 
-def _set(op: GetOp, outcome: Record | BaseException) -> None:
+def _set(op: GetOp, outcome: Record | IndexMatch | BaseException) -> None:
     if op.future.done():
         return
     if isinstance(outcome, BaseException):
         op.future.set_exception(outcome)
     else:
-        op.future.set_result(outcome)
+        op.future.set_result(outcome)  # type: ignore[arg-type]

@@ -29,12 +29,14 @@ from quorumstore.client.errors import (
     NamespaceNotFound,
     NotSupported,
     QuorumStoreError,
+    SessionDoesNotExist,
 )
 
 #: Trailing metadata entry of a not-leader error that names the current leader.
 LEADER_HINT_METADATA_KEY = "leader-hint"
 _NOT_LEADER_PREFIX = "node is not leader"
 _NAMESPACE_NOT_FOUND_PREFIX = "oxia: namespace not found"
+_SESSION_NOT_FOUND_PREFIX = "oxia: session not found"
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -60,6 +62,8 @@ def classify(error: grpc.aio.AioRpcError) -> Transient | QuorumStoreError:
         return Transient(details, hint)
     if code == grpc.StatusCode.UNKNOWN and details.startswith(_NAMESPACE_NOT_FOUND_PREFIX):
         return NamespaceNotFound(details)
+    if code == grpc.StatusCode.UNKNOWN and details.startswith(_SESSION_NOT_FOUND_PREFIX):
+        return SessionDoesNotExist(None, details)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"the server refused the request: {details}")
     if code == grpc.StatusCode.UNIMPLEMENTED:

@@ -4,6 +4,12 @@ Each shard streams its part of [start, end) in Oxia's hierarchical key order; th
 client merges the shards' streams on `encode_key`, whose byte order is that order.
 A shard stream broken by a leader change is re-opened on the new leader from the
 last key already delivered, which is skipped, so nothing is repeated or lost.
+
+Through a secondary index, [start, end) is a range of secondary keys. A shard's
+range scan then comes in index order (secondary key, then primary key), and each
+record names its secondary key, so the merge and the re-opening work as above on
+that order. A listing names primary keys only, so a broken one starts over, and the
+merged keys are sorted in hierarchical order, as Oxia's clients return them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from quorumstore.client.types import Record, version_from_proto
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
 from quorumstore.storage.keys import encode_key
+from quorumstore.storage.secondary_indexes import index_order
 
 T = TypeVar("T")
 
@@ -26,41 +33,55 @@ MERGE_CHUNK = 1024
 
 
 async def shard_records(
-    caller: ShardCaller, shard: int, start: str, end: str
+    caller: ShardCaller, shard: int, start: str, end: str, index_name: str | None = None
 ) -> AsyncIterator[list[pb.GetResponse]]:
     """The shard's records in [start, end) as the server's chunks of GetResponses."""
-    last: str | None = None
+    sort_key = record_sort_key if index_name is None else index_sort_key
+    last: pb.GetResponse | None = None
+    #: After a re-opening: the sort key of the last record delivered, to skip through.
+    delivered: bytes | None = None
 
     def open_stream(stub: OxiaClientStub) -> AsyncIterator[pb.RangeScanResponse]:
-        begin = start if last is None else last
-        return stub.RangeScan(
-            pb.RangeScanRequest(shard=shard, start_inclusive=begin, end_exclusive=end),
-            metadata=ROUTING_METADATA,
-        )
+        nonlocal delivered
+        request = pb.RangeScanRequest(shard=shard, start_inclusive=start, end_exclusive=end)
+        if index_name is not None:
+            request.secondary_index_name = index_name
+        if last is not None:
+            request.start_inclusive = last.key if index_name is None else last.secondary_index_key
+            delivered = sort_key(last)
+        return stub.RangeScan(request, metadata=ROUTING_METADATA)
 
     async for message in caller.stream(shard, open_stream, "range scan"):
         records = list(message.records)
-        if records and records[0].key == last:  # re-opened at the last key delivered
-            del records[0]
+        if delivered is not None:
+            new = next((i for i, r in enumerate(records) if sort_key(r) > delivered), len(records))
+            del records[:new]
+            if records:
+                delivered = None
         if records:
-            last = records[-1].key
+            last = records[-1]
             yield records
 
 
-async def shard_keys(caller: ShardCaller, shard: int, start: str, end: str) -> list[str]:
-    """Every key of the shard in [start, end), in hierarchical order."""
+async def shard_keys(
+    caller: ShardCaller, shard: int, start: str, end: str, index_name: str | None = None
+) -> list[str]:
+    """Every key of the shard in [start, end), in hierarchical order (through an index:
+    the primary keys of the entries in range, in index order)."""
     keys: list[str] = []
 
     def open_stream(stub: OxiaClientStub) -> AsyncIterator[pb.ListResponse]:
-        begin = start if not keys else keys[-1]
-        return stub.List(
-            pb.ListRequest(shard=shard, start_inclusive=begin, end_exclusive=end),
-            metadata=ROUTING_METADATA,
-        )
+        request = pb.ListRequest(shard=shard, start_inclusive=start, end_exclusive=end)
+        if index_name is not None:
+            request.secondary_index_name = index_name
+            keys.clear()  # a re-opened index listing starts over
+        elif keys:
+            request.start_inclusive = keys[-1]
+        return stub.List(request, metadata=ROUTING_METADATA)
 
     async for message in caller.stream(shard, open_stream, "list"):
         chunk = list(message.keys)
-        if chunk and keys and chunk[0] == keys[-1]:
+        if chunk and keys and chunk[0] == keys[-1] and index_name is None:
             del chunk[0]
         keys.extend(chunk)
     return keys
@@ -111,3 +132,7 @@ async def merge_sorted(
 
 def record_sort_key(record: pb.GetResponse | Record) -> bytes:
     return encode_key(record.key)
+
+
+def index_sort_key(record: pb.GetResponse) -> bytes:
+    return index_order(record.secondary_index_key, record.key)

@@ -22,10 +22,11 @@ from typing import Any, Self, TypeVar
 import pyarrow as pa
 
 from quorumstore.client.arrow import PutManyData
-from quorumstore.client.async_client import AsyncClient
+from quorumstore.client.async_client import AsyncClient, SecondaryIndexes
 from quorumstore.client.loop_thread import LoopThread
 from quorumstore.client.notifications import Notification, Subscription
-from quorumstore.client.types import ComparisonType, Record, Version
+from quorumstore.client.sequences import SequenceSubscription
+from quorumstore.client.types import ComparisonType, PutResult, Record, Version
 
 T = TypeVar("T")
 
@@ -59,6 +60,11 @@ class Client:
     def client_id(self) -> str:
         """This instance's identity in exactly-once serials."""
         return self._async.client_id
+
+    @property
+    def client_identifier(self) -> str:
+        """Recorded with this client's ephemeral records."""
+        return self._async.client_identifier
 
     @property
     def closed(self) -> bool:
@@ -102,10 +108,46 @@ class Client:
         *,
         expected_version_id: int | None = None,
         partition_key: str | None = None,
+        ephemeral: bool = False,
+        secondary_indexes: SecondaryIndexes | None = None,
     ) -> Version:
         """Stores `value` under `key`; returns the new version (see AsyncClient.put)."""
-        return self._runner.submit(
-            self._async.submit_put, key, value, expected_version_id, partition_key
+        if not ephemeral and not secondary_indexes:
+            return self._runner.submit(
+                self._async.submit_put, key, value, expected_version_id, partition_key
+            )
+        return self._call(
+            self._async.put(
+                key,
+                value,
+                expected_version_id=expected_version_id,
+                partition_key=partition_key,
+                ephemeral=ephemeral,
+                secondary_indexes=secondary_indexes,
+            )
+        )
+
+    def put_sequence(
+        self,
+        prefix_key: str,
+        value: bytes | str,
+        *,
+        partition_key: str,
+        sequence_keys_deltas: Sequence[int] = (1,),
+        ephemeral: bool = False,
+        secondary_indexes: SecondaryIndexes | None = None,
+    ) -> PutResult:
+        """Stores `value` under the next key of a sequence; returns (key, version)
+        (see AsyncClient.put_sequence)."""
+        return self._call(
+            self._async.put_sequence(
+                prefix_key,
+                value,
+                partition_key=partition_key,
+                sequence_keys_deltas=sequence_keys_deltas,
+                ephemeral=ephemeral,
+                secondary_indexes=secondary_indexes,
+            )
         )
 
     def delete(
@@ -145,9 +187,10 @@ class Client:
         partition_key: str | None = None,
         comparison: ComparisonType = ComparisonType.EQUAL,
         include_value: bool = True,
+        use_index: str | None = None,
     ) -> Record:
         """(key, value, version) of `key`; raises KeyNotFound (see AsyncClient.get)."""
-        if comparison == ComparisonType.EQUAL:
+        if comparison == ComparisonType.EQUAL and use_index is None:
             return self._runner.submit(self._async.submit_get, key, partition_key, include_value)
         return self._call(
             self._async.get(
@@ -155,23 +198,39 @@ class Client:
                 partition_key=partition_key,
                 comparison=comparison,
                 include_value=include_value,
+                use_index=use_index,
             )
         )
 
     def list(
-        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+        self,
+        min_key_inclusive: str,
+        max_key_exclusive: str,
+        *,
+        partition_key: str | None = None,
+        use_index: str | None = None,
     ) -> builtins.list[str]:
-        """The keys in [min, max) in hierarchical order."""
+        """The keys in [min, max) in hierarchical order (see AsyncClient.list)."""
         return self._call(
-            self._async.list(min_key_inclusive, max_key_exclusive, partition_key=partition_key)
+            self._async.list(
+                min_key_inclusive,
+                max_key_exclusive,
+                partition_key=partition_key,
+                use_index=use_index,
+            )
         )
 
     def range_scan(
-        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+        self,
+        min_key_inclusive: str,
+        max_key_exclusive: str,
+        *,
+        partition_key: str | None = None,
+        use_index: str | None = None,
     ) -> Iterator[Record]:
-        """The records in [min, max) in hierarchical order, fetched chunk by chunk."""
+        """The records in [min, max), fetched chunk by chunk (see AsyncClient.range_scan)."""
         chunks = self._async.range_scan_chunks(
-            min_key_inclusive, max_key_exclusive, partition_key=partition_key
+            min_key_inclusive, max_key_exclusive, partition_key=partition_key, use_index=use_index
         )
         try:
             while True:
@@ -208,6 +267,17 @@ class Client:
 
         return Notifications(self, self._call(subscribe()))
 
+    def sequence_updates(self, prefix_key: str, *, partition_key: str) -> SequenceUpdates:
+        """Follows a sequence's highest key (see AsyncClient.sequence_updates).
+
+        `with client.sequence_updates("/q", partition_key="q") as keys: for key in keys:`.
+        """
+
+        async def subscribe() -> SequenceSubscription:
+            return self._async.sequence_updates(prefix_key, partition_key=partition_key)
+
+        return SequenceUpdates(self, self._call(subscribe()))
+
     def scan(
         self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
     ) -> pa.Table:
@@ -217,11 +287,32 @@ class Client:
         )
 
 
-class Notifications:
+class _BlockingSubscription:
+    """A subscription of the client's loop, iterated from blocking code; close it."""
+
+    def __init__(self, client: Client, subscription: Subscription | SequenceSubscription) -> None:
+        self._client = client
+        self._stream = subscription
+
+    def __iter__(self) -> Self:
+        return self
+
+    def close(self) -> None:
+        if not self._client.closed:
+            self._client._call(self._stream.aclose())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Notifications(_BlockingSubscription):
     """A blocking iterator of `Notification`s (see AsyncClient.notifications); close it."""
 
     def __init__(self, client: Client, subscription: Subscription) -> None:
-        self._client = client
+        super().__init__(client, subscription)
         self._subscription = subscription
         self._pending: deque[Notification] = deque()
 
@@ -229,9 +320,6 @@ class Notifications:
     def offsets(self) -> dict[int, int | None]:
         """Per shard, the last offset delivered: resume with `start_offset_exclusive=`."""
         return dict(self._subscription.offsets)
-
-    def __iter__(self) -> Self:
-        return self
 
     def __next__(self) -> Notification:
         if not self._pending:
@@ -241,15 +329,24 @@ class Notifications:
                 raise StopIteration from None
         return self._pending.popleft()
 
-    def close(self) -> None:
-        if not self._client.closed:
-            self._client._call(self._subscription.aclose())
 
-    def __enter__(self) -> Self:
-        return self
+class SequenceUpdates(_BlockingSubscription):
+    """A blocking iterator of a sequence's highest key (see AsyncClient.sequence_updates);
+    close it."""
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __init__(self, client: Client, subscription: SequenceSubscription) -> None:
+        super().__init__(client, subscription)
+        self._subscription = subscription
+
+    def __next__(self) -> str:
+        try:
+            return self._client._call(_next_key(self._subscription))
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+
+async def _next_key(subscription: SequenceSubscription) -> str:
+    return await anext(subscription)
 
 
 async def _shard_for(client: AsyncClient, key: str) -> int:

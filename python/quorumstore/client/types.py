@@ -70,6 +70,13 @@ class Record(NamedTuple):
     version: Version
 
 
+class PutResult(NamedTuple):
+    """What a sequence-key put returns: the key the server assigned, and its version."""
+
+    key: str
+    version: Version
+
+
 def version_from_proto(v: pb.Version) -> Version:
     return Version(
         v.version_id,

@@ -32,7 +32,7 @@ from quorumstore.client.errors import (
     SessionDoesNotExist,
     UnexpectedVersionId,
 )
-from quorumstore.client.types import version_from_proto
+from quorumstore.client.types import PutResult, version_from_proto
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2 as data_pb
 
@@ -44,9 +44,23 @@ PUT, DELETE, DELETE_RANGE = 0, 1, 2
 OP_OVERHEAD_BYTES = 16
 
 
+class PutOptions(NamedTuple):
+    """What a put may carry beyond key, value, condition and partition key."""
+
+    #: The session of an ephemeral put, and the identity it is recorded with.
+    session_id: int | None = None
+    client_identity: str | None = None
+    #: A sequence-key put's deltas; its key is the prefix the server extends.
+    sequence_key_deltas: tuple[int, ...] = ()
+    #: (index name, secondary key) pairs.
+    secondary_indexes: tuple[tuple[str, str], ...] = ()
+
+
 class WriteOp(NamedTuple):
-    """One queued write. PUT: (key, value, expected_version_id, partition_key);
-    DELETE: (key, None, expected_version_id, None); DELETE_RANGE: (start, end, None, None)."""
+    """One queued write. PUT: (key, value, expected_version_id, partition_key, options);
+    DELETE: (key, None, expected_version_id, None); DELETE_RANGE: (start, end, None, None).
+
+    A put's future gets its Version, or a PutResult when it had sequence-key deltas."""
 
     kind: int
     key: str
@@ -54,6 +68,17 @@ class WriteOp(NamedTuple):
     expected_version_id: int | None
     partition_key: str | None
     future: asyncio.Future[object]
+    options: PutOptions | None = None
+
+
+def _add_options(put: pb.PutRequest, options: PutOptions) -> None:
+    if options.session_id is not None:
+        put.session_id = options.session_id
+    if options.client_identity is not None:
+        put.client_identity = options.client_identity
+    put.sequence_key_delta.extend(options.sequence_key_deltas)
+    for name, secondary_key in options.secondary_indexes:
+        put.secondary_indexes.add(index_name=name, secondary_key=secondary_key)
 
 
 def build_request(shard: int, ops: Sequence[WriteOp]) -> pb.WriteRequest:
@@ -66,6 +91,8 @@ def build_request(shard: int, ops: Sequence[WriteOp]) -> pb.WriteRequest:
                 put.expected_version_id = op.expected_version_id
             if op.partition_key is not None:
                 put.partition_key = op.partition_key
+            if op.options is not None:
+                _add_options(put, op.options)
         elif op.kind == DELETE:
             delete = deletes.add(key=op.key)
             if op.expected_version_id is not None:
@@ -108,7 +135,11 @@ def resolve(ops: Sequence[WriteOp], response: pb.WriteResponse) -> None:
         if op.future.done():
             continue
         if result.status == pb.OK:
-            op.future.set_result(version_from_proto(result.version))
+            version = version_from_proto(result.version)
+            if op.options is not None and op.options.sequence_key_deltas:
+                op.future.set_result(PutResult(result.key, version))
+            else:
+                op.future.set_result(version)
         else:
             op.future.set_exception(_status_error(op, result.status))
     for op, result in zip(deletes, response.deletes):

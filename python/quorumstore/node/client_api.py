@@ -57,13 +57,14 @@ from quorumstore.node.aborts import abort
 from quorumstore.node.forwarding import Relays, Routing
 from quorumstore.node.notifications import notification_batch, position_batch
 from quorumstore.node.plain_puts import PlainPuts, plain_puts
-from quorumstore.node.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS, SessionKeeper
+from quorumstore.node.sessions import SessionKeeper
 from quorumstore.node.write_coalescer import WriteCoalescer
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc, replication_pb2
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.storage.keys import compare_keys
 from quorumstore.storage.sequences import format_key
+from quorumstore.storage.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS
 from quorumstore.storage.state_machine import (
     EntryResult,
     KeyComparison,
@@ -872,27 +873,33 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
     ) -> AsyncIterator[pb.RangeScanResponse]:
         """Records in [start, end) in hierarchical order; an empty end means unbounded.
 
-        Through a secondary index, as for List.
+        Through a secondary index, as for List, and each record also names the
+        secondary key it was found by (`secondary_index_key`, which Oxia sets on
+        index gets), so that a client can merge the shards' streams in index order.
         """
+
+        def by_index(reader: ShardReader, name: str) -> Iterator[pb.GetResponse]:
+            found = reader.range_scan_by_index(name, request.start_inclusive, request.end_exclusive)
+            for primary, secondary, record in found:
+                response = _record_response(primary, record, include_value=True, with_key=True)
+                response.secondary_index_key = secondary
+                yield response
 
         def answer(reader: ShardReader) -> Iterator[pb.RangeScanResponse]:
             if request.HasField("secondary_index_name"):
-                records = reader.range_scan_by_index(
-                    request.secondary_index_name, request.start_inclusive, request.end_exclusive
-                )
+                records = by_index(reader, request.secondary_index_name)
             else:
-                records = reader.range_scan(request.start_inclusive, request.end_exclusive)
+                records = (
+                    _record_response(k, r, include_value=True, with_key=True)
+                    for k, r in reader.range_scan(request.start_inclusive, request.end_exclusive)
+                )
             for chunk in _chunks(
                 records,
-                lambda item: len(item[0]) + len(item[1].value),
+                lambda r: len(r.key) + len(r.value),
                 self._max_response_items,
                 self._max_response_bytes,
             ):
-                yield pb.RangeScanResponse(
-                    records=[
-                        _record_response(k, r, include_value=True, with_key=True) for k, r in chunk
-                    ]
-                )
+                yield pb.RangeScanResponse(records=chunk)
 
         async with aclosing(self._scan("RangeScan", request, context, answer)) as responses:
             async for response in responses:

@@ -21,10 +21,6 @@ from quorumstore.storage.state_machine import ShardReader
 
 log = logging.getLogger(__name__)
 
-#: Oxia's bounds for a session timeout (`common/constant`).
-MIN_SESSION_TIMEOUT_MS = 2_000
-MAX_SESSION_TIMEOUT_MS = 5 * 60_000
-
 
 class LeaderShard(Protocol):
     def is_leader(self) -> bool: ...

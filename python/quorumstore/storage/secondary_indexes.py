@@ -40,6 +40,12 @@ def _entry_key(encoded_primary: bytes, pair: IndexPair) -> bytes:
     return _index_prefix(name) + encode_key(secondary) + _SEPARATOR + encoded_primary
 
 
+def index_order(secondary: str, primary: str) -> bytes:
+    """Sorts index entries as the index keeps them: by secondary key, then primary key
+    (what a client merging several shards' index scans compares)."""
+    return encode_key(secondary) + _SEPARATOR + encode_key(primary)
+
+
 def _encode_pairs(pairs: list[IndexPair]) -> bytes:
     parts = []
     for text in (s for pair in pairs for s in pair):
@@ -94,13 +100,13 @@ def _split(prefix: bytes, entry: bytes) -> tuple[bytes, bytes]:
     return secondary, primary
 
 
-def scan(kv: KvReader, index_name: str, start: str, end: str) -> Iterator[bytes]:
-    """Encoded primary keys whose secondary key is in [start, end) ("" end: unbounded),
-    by secondary key, then primary key."""
+def scan(kv: KvReader, index_name: str, start: str, end: str) -> Iterator[tuple[bytes, bytes]]:
+    """(encoded secondary key, encoded primary key) of the entries whose secondary key
+    is in [start, end) ("" end: unbounded), by secondary key, then primary key."""
     prefix = _index_prefix(index_name)
     upper = prefix + (encode_key(end) if end else USER_KEYS_END)
     for entry, _ in kv.scan(prefix + encode_key(start), upper):
-        yield _split(prefix, entry)[1]
+        yield _split(prefix, entry)
 
 
 def ceiling(kv: KvReader, index_name: str, key: str, *, strict: bool) -> tuple[bytes, bytes] | None:

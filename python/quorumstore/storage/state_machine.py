@@ -556,16 +556,21 @@ class ShardReader:
         self, index_name: str, min_inclusive: str, max_exclusive: str
     ) -> Iterator[str]:
         """Primary keys whose secondary key in `index_name` is in [min, max), by secondary key."""
-        for primary in secondary_indexes.scan(self._kv, index_name, min_inclusive, max_exclusive):
+        for _, primary in secondary_indexes.scan(
+            self._kv, index_name, min_inclusive, max_exclusive
+        ):
             yield decode_key(primary)
 
     def range_scan_by_index(
         self, index_name: str, min_inclusive: str, max_exclusive: str
-    ) -> Iterator[tuple[str, Record]]:
-        for primary in secondary_indexes.scan(self._kv, index_name, min_inclusive, max_exclusive):
+    ) -> Iterator[tuple[str, str, Record]]:
+        """(primary key, secondary key, record) for each index entry in [min, max), by
+        secondary key, then primary key."""
+        entries = secondary_indexes.scan(self._kv, index_name, min_inclusive, max_exclusive)
+        for secondary, primary in entries:
             raw = self._kv.get(primary)
             if raw is not None:
-                yield decode_key(primary), decode_record(raw)
+                yield decode_key(primary), decode_key(secondary), decode_record(raw)
 
     def get_by_index(
         self, index_name: str, key: str, comparison: KeyComparison
