@@ -5,8 +5,8 @@ cluster again through the other nodes. Writers keep writing through the failover
 every write must succeed (it is retried across the leader change within
 `request_timeout_s`), be readable afterwards, and appear exactly once in the change
 notifications, which resume on the new leader from the last offset delivered.
-A range scan cut by the kill continues on the new leader, and a session's
-keep-alives follow the leader, so its ephemeral records outlive the old one.
+A range scan cut by the kill continues on the new leader; a session's keep-alives
+follow the leader, so its ephemeral records outlive the old one; so do sequence updates.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_a_range_scan_cut_by_a_leader_kill_continues_on_the_new_leader(
     assert all(r.value == SCAN_VALUE for r in found)
 
 
-def test_ephemeral_records_outlive_a_leader_kill_while_keep_alives_flow(
+def test_sessions_and_sequence_updates_follow_the_leader_through_a_kill(
     make_cluster: Callable[..., object],
 ) -> None:
     cluster = make_cluster(nodes=3, shards=1)
@@ -127,8 +127,15 @@ def test_ephemeral_records_outlive_a_leader_kill_while_keep_alives_flow(
     timeout_ms = 3_000
     with Client(victim, session_timeout_ms=timeout_ms) as owner:
         version = owner.put("/eph/survivor", b"alive", ephemeral=True)
+        first = owner.put_sequence("/seq", b"1", partition_key="s").key
+        updates = owner.sequence_updates("/seq", partition_key="s")
+        assert next(updates) == first
         cluster.kill9(victim)  # type: ignore[attr-defined]
         cluster.wait_new_leader(0, victim, term)  # type: ignore[attr-defined]
+        # The re-opened stream repeats the current key; it is not delivered again.
+        second = owner.put_sequence("/seq", b"2", partition_key="s").key
+        assert next(updates) == second
+        updates.close()
         # A new leader grants each session one timeout of grace; after two, only
         # keep-alives that found it hold the session open.
         time.sleep(2 * timeout_ms / 1000)
