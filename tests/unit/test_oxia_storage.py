@@ -7,6 +7,7 @@ bytes, internal keys included.
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from quorumstore.protocol.types import LogPosition, make_entry
 from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
+from quorumstore.storage.secondary_indexes import index_order
 from quorumstore.storage.sequences import MAX_SEQUENCE
 from quorumstore.storage.state_machine import (
     KeyComparison,
@@ -144,6 +146,20 @@ def test_index_lists_primary_keys_by_secondary_key(shard: Shard) -> None:
     assert list(shard.sm.list_by_index("nope", "", "")) == []
     found = [(k, s) for k, s, _ in shard.sm.range_scan_by_index("name", "b", "")]
     assert found == [("/u/1", "bob"), ("/u/3", "bob"), ("/u/4", "a/deeper")]
+
+
+def test_the_clients_index_order_is_the_order_a_shard_scans_its_index_in(shard: Shard) -> None:
+    # The client merges shards' index scans on `index_order`; it must be the servers' order.
+    rng = random.Random(7)
+    segments = ["", "a", "a/b", "b", "ab", "a-", "a~", "é", "0", "a/b/c"]
+    pairs = []
+    for i in range(300):
+        primary = f"/{rng.choice(segments)}/{i}"
+        secondary = "/".join(rng.choice(segments[1:]) for _ in range(rng.randint(1, 3)))
+        shard.put(primary, secondary_indexes=[("i", secondary)])
+        pairs.append((primary, secondary))
+    scanned = [(p, s) for p, s, _ in shard.sm.range_scan_by_index("i", "", "")]
+    assert scanned == sorted(pairs, key=lambda pair: index_order(pair[1], pair[0]))
 
 
 def test_index_entries_follow_overwrites_deletes_and_delete_ranges(shard: Shard) -> None:
