@@ -38,7 +38,7 @@ import xxhash
 
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
-from quorumstore.testing import official_oxia_client
+from quorumstore.testing import official_oxia_client, standalone_server
 
 T = TypeVar("T")
 
@@ -815,6 +815,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)
+
+
+#: Shards of the `quorumstore standalone` that a client test module shares (`address`).
+STANDALONE_SHARDS = 3
+
+
+@pytest.fixture(scope="module")
+def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `quorumstore standalone` with STANDALONE_SHARDS shards for the test module;
+    yields its client address."""
+    data_dir = tmp_path_factory.mktemp("standalone")
+    with standalone_server(data_dir / "data", STANDALONE_SHARDS) as address:
+        yield address
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A top-level key prefix of this test's own."""
+    return f"/t{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,31 +36,14 @@ from quorumstore.client import (
 from quorumstore.client.discovery import Channels
 from quorumstore.client.loop_thread import LoopThread
 from quorumstore.storage.keys import compare_keys
-from quorumstore.testing import standalone_server
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
-
-SHARDS = 3
-
-
-@pytest.fixture(scope="module")
-def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A `quorumstore standalone` with SHARDS shards; yields its client address."""
-    data_dir = tmp_path_factory.mktemp("client-standalone")
-    with standalone_server(data_dir / "data", SHARDS) as address:
-        yield address
 
 
 @pytest.fixture
 def client(address: str) -> Iterator[Client]:
     with Client(address) as client:
         yield client
-
-
-@pytest.fixture
-def prefix() -> str:
-    """A top-level key prefix of this test's own."""
-    return f"/t{uuid.uuid4().hex[:12]}"
 
 
 def hierarchical(keys: list[str]) -> list[str]:

@@ -13,12 +13,11 @@ import logging
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
 
+from conftest import STANDALONE_SHARDS, poll_until
 from quorumstore import AsyncClient, Client
 from quorumstore.client import (
     ComparisonType,
@@ -29,37 +28,13 @@ from quorumstore.client import (
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
 from quorumstore.storage.keys import compare_keys
-from quorumstore.testing import standalone_server
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
-SHARDS = 3
+SHARDS = STANDALONE_SHARDS  # the `address` fixture's server
 SESSION_TIMEOUT_MS = 2_000
 
-
-@pytest.fixture(scope="module")
-def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    data_dir = tmp_path_factory.mktemp("client-features")
-    with standalone_server(data_dir / "data", SHARDS) as address:
-        yield address
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"/t{uuid.uuid4().hex[:12]}"
-
-
 hierarchical_key = functools.cmp_to_key(compare_keys)
-
-
-def poll_until(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Seconds until `condition()` held; fails the test after `timeout_s`."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 def keys_on_every_shard(client: Client, prefix: str, per_shard: int = 2) -> list[str]:
@@ -134,7 +109,9 @@ def test_ephemeral_record_of_a_killed_client_vanishes_after_its_session_timeout(
             owner.kill()  # kill -9: no close, no more keep-alives
             owner.wait(10)
             assert observer.get(key).value == b"orphan"
-            waited = poll_until(lambda: not exists(observer, key), 20, "the session's expiry")
+            killed = time.monotonic()
+            poll_until(lambda: not exists(observer, key), 20, "the session's expiry")
+            waited = time.monotonic() - killed
             # Its last keep-alive was at most a tenth of the timeout before the kill.
             assert waited > 0.8 * SESSION_TIMEOUT_MS / 1000, waited
     finally:

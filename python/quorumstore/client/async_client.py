@@ -457,7 +457,7 @@ class AsyncClient:
         for attempt in range(2):
             session_id = await sessions.session_id(shard) if ephemeral else None
             self._ready()
-            identity = sessions.client_identity if ephemeral else None
+            identity = self.client_identifier if ephemeral else None
             options = PutOptions(session_id, identity, deltas, pairs)
             try:
                 return await self._queue_put(

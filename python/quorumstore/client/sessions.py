@@ -59,10 +59,6 @@ class ShardSessions:
         self._sessions: dict[int, asyncio.Future[_Session]] = {}
         self._closed = False
 
-    @property
-    def client_identity(self) -> str:
-        return self._identity
-
     async def session_id(self, shard: int) -> int:
         """The shard's session, opened on first use (concurrent callers share one)."""
         if self._closed:

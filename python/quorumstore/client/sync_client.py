@@ -17,7 +17,7 @@ import inspect
 from collections import deque
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import pyarrow as pa
 
@@ -29,6 +29,7 @@ from quorumstore.client.sequences import SequenceSubscription
 from quorumstore.client.types import ComparisonType, PutResult, Record, Version
 
 T = TypeVar("T")
+S = TypeVar("S", Subscription, SequenceSubscription)
 
 #: AsyncClient's keyword options, which Client passes on.
 _OPTIONS = frozenset(inspect.signature(AsyncClient).parameters) - {"address"}
@@ -287,19 +288,19 @@ class Client:
         )
 
 
-class _BlockingSubscription:
+class _BlockingSubscription(Generic[S]):
     """A subscription of the client's loop, iterated from blocking code; close it."""
 
-    def __init__(self, client: Client, subscription: Subscription | SequenceSubscription) -> None:
+    def __init__(self, client: Client, subscription: S) -> None:
         self._client = client
-        self._stream = subscription
+        self._subscription: S = subscription
 
     def __iter__(self) -> Self:
         return self
 
     def close(self) -> None:
         if not self._client.closed:
-            self._client._call(self._stream.aclose())
+            self._client._call(self._subscription.aclose())
 
     def __enter__(self) -> Self:
         return self
@@ -308,12 +309,11 @@ class _BlockingSubscription:
         self.close()
 
 
-class Notifications(_BlockingSubscription):
+class Notifications(_BlockingSubscription[Subscription]):
     """A blocking iterator of `Notification`s (see AsyncClient.notifications); close it."""
 
     def __init__(self, client: Client, subscription: Subscription) -> None:
         super().__init__(client, subscription)
-        self._subscription = subscription
         self._pending: deque[Notification] = deque()
 
     @property
@@ -330,13 +330,9 @@ class Notifications(_BlockingSubscription):
         return self._pending.popleft()
 
 
-class SequenceUpdates(_BlockingSubscription):
+class SequenceUpdates(_BlockingSubscription[SequenceSubscription]):
     """A blocking iterator of a sequence's highest key (see AsyncClient.sequence_updates);
     close it."""
-
-    def __init__(self, client: Client, subscription: SequenceSubscription) -> None:
-        super().__init__(client, subscription)
-        self._subscription = subscription
 
     def __next__(self) -> str:
         try:
