@@ -32,6 +32,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ log = logging.getLogger("quorumstore.spark.node_task")
 #: In-task restart backoff: first delay, doubled per consecutive failure up to the cap.
 RESTART_DELAY_S = 0.5
 RESTART_DELAY_MAX_S = 10.0
+#: A node that served this long before it failed restarts after the first delay again.
+STABLE_RUN_S = 60.0
 
 
 class NodeConfigError(RuntimeError):
@@ -92,20 +95,29 @@ async def _supervise(spec: NodeTaskSpec, index: int) -> None:
     node = await _start_until_up(spec, index)
     if spec.barrier:
         await asyncio.to_thread(_gather_addresses, spec, index, node.name)
+    delay = RESTART_DELAY_S
     while True:
+        started = time.monotonic()
         try:
             await node.wait()
             failure = "its gRPC server stopped"
         except Exception as e:  # noqa: BLE001 - any failure of the node restarts it
             failure = f"{type(e).__name__}: {e}"
+        # A node that fails again soon after its restart (a disk still full) waits longer
+        # each time, instead of failing and restarting in a tight loop.
+        if time.monotonic() - started >= STABLE_RUN_S:
+            delay = RESTART_DELAY_S
         log.warning(
-            "node %d (%s) failed: %s; restarting it from %s",
+            "node %d (%s) failed: %s; restarting it from %s in %.1f s",
             index,
             node.name,
             failure,
             spec.node_dir(index),
+            delay,
         )
         await _stop_quietly(node)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, RESTART_DELAY_MAX_S)
         node = await _start_until_up(spec, index)
 
 

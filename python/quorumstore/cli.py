@@ -27,11 +27,12 @@ import grpc
 from quorumstore import event_loops
 from quorumstore.addresses import host_port
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
+from quorumstore.node.failures import ReplicaFailure
 from quorumstore.storage.wal import WalError
 
 if TYPE_CHECKING:
     from quorumstore.coordinator.server import CoordinatorServer
-    from quorumstore.node.node import NodeConfig
+    from quorumstore.node.node import Node, NodeConfig
     from quorumstore.node.shard_host import WalRetention
 
 DEFAULT_CLIENT_PORT = 6648
@@ -98,6 +99,17 @@ async def _wait_for_signal() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def _serve_until_signal(node: Node) -> None:
+    """Returns on SIGINT or SIGTERM; raises the node's ReplicaFailure if a shard fails first."""
+    signalled = asyncio.ensure_future(_wait_for_signal())
+    failed = asyncio.ensure_future(node.wait())
+    done, pending = await asyncio.wait([signalled, failed], return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    if failed in done:
+        failed.result()
 
 
 async def _wait_until_online(coordinator: CoordinatorServer, timeout_s: float) -> int:
@@ -254,7 +266,7 @@ async def _run_standalone(args: argparse.Namespace) -> None:
             f"  shards: {shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}",
             flush=True,
         )
-        await _wait_for_signal()
+        await _serve_until_signal(node)
     finally:
         if coordinator is not None:
             await coordinator.stop()
@@ -268,7 +280,7 @@ async def _run_node(args: argparse.Namespace) -> None:
     address = await node.start()
     print(f"quorumstore node listening on {address}", flush=True)
     try:
-        await _wait_for_signal()
+        await _serve_until_signal(node)
     finally:
         await node.stop()
 
@@ -674,6 +686,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"quorumstore: error: {e}", file=sys.stderr)
         return 2
+    except ReplicaFailure as e:
+        print(f"quorumstore: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     return 0

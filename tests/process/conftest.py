@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -335,6 +336,33 @@ class LocalCluster:
         at = time.monotonic()
         self._signal(name, signal.SIGSTOP)
         return at
+
+    def limit_file_size(self, node: str, max_bytes: int) -> None:
+        """Caps the size every file of the running node may grow to (RLIMIT_FSIZE on the live
+        process): a write past it fails with EFBIG, as writes fail on a full disk. Python
+        ignores SIGXFSZ, so the node sees the error instead of being killed."""
+        pid = self.pid(node)
+        assert pid is not None and self.is_alive(node), f"{node} is not running"
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (max_bytes, resource.RLIM_INFINITY))
+
+    def log_size(self, node: str) -> int:
+        return self._processes[node].log_path.stat().st_size
+
+    def log_text(self, node: str) -> str:
+        return self._processes[node].log_path.read_text(errors="replace")
+
+    def wait_exited(self, node: str, timeout_s: float) -> int:
+        """Waits until a node process exits by itself; returns its exit status."""
+        process = self._processes[node]
+
+        def exited() -> tuple[int] | None:
+            assert process.popen is not None, f"{process.name} was never started"
+            code = process.popen.poll()
+            return None if code is None else (code,)
+
+        return poll_until(
+            exited, timeout_s, f"{process.name} ({node}) to exit", describe=process.log_tail
+        )[0]
 
     def resume(self, name: str) -> None:
         """SIGCONT of a paused process: it goes on from where it stopped, unaware of the gap."""

@@ -129,6 +129,48 @@ def test_paused_leader_replaced_and_resumed_acknowledges_nothing_it_lost(
     measure("  " + load.verify())
 
 
+# ------------------------------------------------------------------ leader storage failure
+
+
+@pytest.mark.timeout(180)
+def test_a_leader_whose_storage_fails_stops_and_the_cluster_goes_on(
+    make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
+) -> None:
+    """A leader whose file writes start failing (a full disk; here its files reach the
+    RLIMIT_FSIZE set on its running process) must not hold on to a shard it can no
+    longer commit to: it stops with one clear error, another node leads, the writers go
+    on, and restarted with room again it recovers from its files and catches up. No
+    acknowledged write is lost."""
+    cluster = make_cluster(nodes=3, shards=1, replication_factor=3)
+    shard = 0
+    load = write_load(cluster)
+    load.wait_for_write_after(time.monotonic(), None, 20, count=50)
+    leader = cluster.leader_of(shard)
+    assert leader is not None
+    term = cluster.shard_metadata(shard).term
+    limited_at = time.monotonic()
+    cluster.limit_file_size(leader, cluster.log_size(leader) + 128 * 1024)
+    assert cluster.wait_exited(leader, 30) == 1
+    stopped_after = time.monotonic() - limited_at
+    log = cluster.log_text(leader)
+    failure = f"shard default/0 on node {leader} failed"
+    assert log.count(" CRITICAL ") == 1 and failure in log, log[-3000:]
+    assert "File too large" in log and f"quorumstore: error: {failure}" in log, log[-3000:]
+    new_leader, new_term = cluster.wait_new_leader(shard, not_on=leader, after_term=term)
+    first = load.wait_for_write_after(time.monotonic(), shard, FAILOVER_TIMEOUT_S, count=20)
+    measure(
+        f"leader storage failure: {leader} stopped {stopped_after:.2f} s after its file size "
+        f"limit was set; {new_leader} leads in term {new_term}; writes went on "
+        f"({first.key} acknowledged)"
+    )
+    cluster.restart(leader)  # a new process, without the limit
+    cluster.wait_rejoined(leader)
+    load.stop()
+    _, mine = cluster.wait_caught_up(leader, shard)
+    measure(f"  restarted, it caught up: head {mine.head.offset}, commit {mine.commit_offset}")
+    measure("  " + load.verify())
+
+
 # ------------------------------------------------------------------ 2. follower kill
 
 

@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -559,3 +560,51 @@ def test_node_error_restarts_inside_its_task(
         (job,) = cluster.status().node_jobs
         assert (job.submissions, job.failures) == (1, 0)
         assert cluster.status().online
+
+
+@LOCAL
+def test_a_node_whose_storage_fails_restarts_inside_its_task(
+    spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
+    """The leader's file writes fail (its worker's files reach the RLIMIT_FSIZE set on the
+    running process, as writes fail on a full disk): the node stops, the other nodes elect
+    a leader and take the writes, and its task restarts it from its data directory, backing
+    off while the failure lasts. Once writes work again the node rejoins; the job never
+    fails and no acknowledged write is lost."""
+    base = free_port_block(NODES + 1)
+    cluster = quorumstore.spark.start(
+        spark, nodes=NODES, shards=1, data_dir=tmp_path, base_port=base
+    )
+    with cluster, cluster.client(request_timeout_s=60) as client:
+        acked = []
+        for i in range(300):
+            client.put(f"disk/{i:05d}", b"v" * 1000)
+            acked.append(i)
+        before = cluster.status()
+        leader = before.leaders[0]
+        pid = cluster.node_pids()[cluster.addresses.index(leader)]
+        term = before.cluster.metadata.shards[0].term
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # writes go on while the shard moves to another node
+                client.put(f"disk/{len(acked):05d}", b"v" * 1000)
+                acked.append(len(acked))
+                shard = cluster.status().cluster.metadata.shards[0]
+                if shard.leader not in ("", leader) and shard.term > term:
+                    break
+                assert time.monotonic() < deadline, f"no new leader: {cluster.status()}"
+            for _ in range(50):
+                client.put(f"disk/{len(acked):05d}", b"v" * 1000)
+                acked.append(len(acked))
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+        deadline = time.monotonic() + 90
+        while not (status := cluster.status()).online:
+            assert time.monotonic() < deadline, f"the node did not come back:\n{status}"
+            time.sleep(0.5)
+        (job,) = status.node_jobs
+        assert (job.submissions, job.failures) == (1, 0), job
+        assert cluster.node_pids()[cluster.addresses.index(leader)] == pid, "restarted in place"
+        missing = [i for i in acked if client.get(f"disk/{i:05d}") is None]
+        assert not missing, f"{len(missing)} acknowledged writes lost, e.g. {missing[:5]}"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from quorumstore.node.failures import ReplicaFailure
 from quorumstore.node.shard_host import ShardHost
 from quorumstore.protocol.messages import (
     Ack,
@@ -41,6 +42,10 @@ def _put(key: str) -> bytes:
     return batch.build(1_700_000_000_000)
 
 
+def _no_failure(failure: ReplicaFailure) -> None:
+    pytest.fail(f"the replica failed: {failure}")
+
+
 async def _settle(host: ShardHost) -> None:
     """Lets the host's fsync thread and scheduled processing run."""
     for _ in range(50):
@@ -56,7 +61,9 @@ def test_a_deposed_leader_fails_its_pending_writes_and_never_answers_them_with_o
 
     async def scenario() -> None:
         with ThreadPoolExecutor(1) as io:
-            host = ShardHost("a", SHARD, tmp_path / "a", RecordingTransport(), io)
+            host = ShardHost(
+                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
+            )
             try:
                 host.step(NewTerm(SHARD, 1))
                 host.step(BecomeLeader(SHARD, 1, 3, {"b": EMPTY_POSITION, "c": EMPTY_POSITION}))
@@ -104,7 +111,7 @@ def test_a_follower_acks_an_append_before_applying_what_it_committed(tmp_path: P
     async def scenario() -> None:
         with ThreadPoolExecutor(1) as io:
             transport = AckWatcher()
-            host = ShardHost("b", SHARD, tmp_path / "b", transport, io)
+            host = ShardHost("b", SHARD, tmp_path / "b", transport, io, on_failure=_no_failure)
             try:
                 host.step(NewTerm(SHARD, 1))
                 first = make_entry(EMPTY_POSITION, 1, _put("/first"))
@@ -153,7 +160,7 @@ def test_a_follower_keeps_applying_while_appends_stream_in(tmp_path: Path) -> No
     async def scenario() -> None:
         with ThreadPoolExecutor(1) as io:
             transport = Streamer()
-            host = ShardHost("b", SHARD, tmp_path / "b", transport, io)
+            host = ShardHost("b", SHARD, tmp_path / "b", transport, io, on_failure=_no_failure)
             try:
                 host.step(NewTerm(SHARD, 1))
                 first = make_entry(EMPTY_POSITION, 1, _put("/k0"))
@@ -169,3 +176,50 @@ def test_a_follower_keeps_applying_while_appends_stream_in(tmp_path: Path) -> No
                 host.close()
 
     asyncio.run(scenario())
+
+
+def test_a_replica_whose_apply_fails_stops_fails_its_writes_and_reports_once(
+    tmp_path: Path,
+) -> None:
+    """An error escaping the Ready loop (here: a committed entry that does not decode) must
+    stop the replica: before, the leader kept its leadership, its clients' writes waited
+    forever and every 50 ms tick raised the same error again. Now the waiting write fails
+    at once, the node hears of it once, later inputs are ignored, and the replica's files
+    are released so that the node can open it again."""
+    failures: list[ReplicaFailure] = []
+    loop_errors: list[dict[str, object]] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: loop_errors.append(context)
+        )
+        with ThreadPoolExecutor(1) as io:
+            host = ShardHost(
+                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=failures.append
+            )
+            host.step(NewTerm(SHARD, 1))
+            host.step(BecomeLeader(SHARD, 1, 1, {}))  # replication factor 1: commits alone
+            assert host.replica.role is Role.LEADER
+            with pytest.raises(NotLeaderError):
+                await asyncio.wait_for(host.write(b"not an Arrow write batch"), 5)
+            host.tick()
+            host.step(NewTerm(SHARD, 2))
+            await _settle(host)
+            with pytest.raises(NotLeaderError):
+                await host.write(_put("/after"))
+            head = host.wal.head
+            host.close()
+            reopened = ShardHost(
+                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
+            )
+            try:
+                assert reopened.wal.head == head
+                assert reopened.machine.applied_position.offset < head.offset
+            finally:
+                reopened.close()
+
+    asyncio.run(scenario())
+    assert len(failures) == 1, failures
+    assert "shard default/0 on node a failed" in str(failures[0])
+    assert "restart the node" in str(failures[0])
+    assert not loop_errors, loop_errors

@@ -26,6 +26,7 @@ from quorumstore.addresses import host_port
 from quorumstore.node.aborts import abort
 from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
+from quorumstore.node.failures import ReplicaFailure
 from quorumstore.node.shard_host import ShardHost, WalRetention
 from quorumstore.node.transport import SERVER_OPTIONS, NodeTransport, listen
 from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
@@ -76,6 +77,8 @@ class Node:
         self._client_api: OxiaClientServicer | None = None
         self._data_api: QuorumstoreDataServicer | None = None
         self._tick_task: asyncio.Task[None] | None = None
+        #: Set to the first ReplicaFailure of a shard hosted here (see `wait`).
+        self._failure: asyncio.Future[None] | None = None
         self._assignments = pb.ShardAssignmentsUpdate(version=-1)
         self._assignments_event = asyncio.Event()
         self._report_sequence = 0
@@ -102,6 +105,7 @@ class Node:
         port = listen(self._server, self.config.host, self.config.port)
         self.name = host_port(self.config.advertise_host or self.config.host, port)
         _import_pyarrow_pandas_shim()
+        self._failure = asyncio.get_running_loop().create_future()
         self._open_existing_shards()
         await self._server.start()
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
@@ -118,12 +122,29 @@ class Node:
                 await service.close()
         await self.transport.close()
         for host in self.hosts.values():
-            host.close()
+            try:
+                host.close()
+            except Exception:  # the other shards still get closed
+                log.exception("node %s: closing shard %s failed", self.name, host.shard)
         self._io.shutdown(wait=True)
 
     async def wait(self) -> None:
-        assert self._server is not None
-        await self._server.wait_for_termination()
+        """Returns when the server stops; raises ReplicaFailure once a shard replica here
+        failed, after which the node must be stopped (and may be started again)."""
+        assert self._server is not None and self._failure is not None
+        # Shielded: cancelling gRPC's own wait would cancel the future its shutdown awaits.
+        server = asyncio.shield(self._server.wait_for_termination())
+        try:
+            await asyncio.wait([server, self._failure], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            server.cancel()
+        if self._failure.done():
+            self._failure.result()
+
+    def _replica_failed(self, failure: ReplicaFailure) -> None:
+        assert self._failure is not None
+        if not self._failure.done():
+            self._failure.set_exception(failure)
 
     async def _tick_loop(self) -> None:
         interval = self.config.tick_ms / 1000
@@ -140,10 +161,7 @@ class Node:
                     late * 1000,
                 )
             for host in list(self.hosts.values()):
-                try:
-                    host.tick()
-                except Exception:
-                    log.exception("tick of shard %s failed", host.shard)
+                host.tick()
 
     # ------------------------------------------------------------------ shards
 
@@ -165,6 +183,7 @@ class Node:
             self._shard_dir(shard),
             self.transport,
             self._io,
+            on_failure=self._replica_failed,
             wal_sync=self.config.wal_sync,
             replica_config=ReplicaConfig(),
             retention=self.config.wal_retention,

@@ -12,15 +12,19 @@ event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Concatenate, ParamSpec, Protocol
 
+from quorumstore.node.failures import ReplicaFailure
 from quorumstore.protocol.messages import (
     Message,
     Outbound,
@@ -37,6 +41,7 @@ from quorumstore.storage.wal import SyncTicket, Wal
 from quorumstore.storage.write_batch import WriteBatchBuilder
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
 
 _NOOP = WriteBatchBuilder().build(0)
 #: Committed entries applied per turn of the event loop (see `_apply_committed`).
@@ -68,6 +73,22 @@ class WalRetention:
             )
 
 
+def _stops_on_failure(
+    method: Callable[Concatenate[ShardHost, _P], None],
+) -> Callable[Concatenate[ShardHost, _P], None]:
+    """Runs one input or callback of the Ready loop; an error escaping it stops the replica
+    (see `ShardHost._fail_stop`) instead of reaching the event loop or the tick."""
+
+    @functools.wraps(method)
+    def guarded(self: ShardHost, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        try:
+            method(self, *args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - any error leaves memory and disk unreconciled
+            self._fail_stop(error)
+
+    return guarded
+
+
 class Transport(Protocol):
     """How a shard host reaches other nodes and the coordinator."""
 
@@ -85,6 +106,7 @@ class ShardHost:
         transport: Transport,
         io_executor: Executor,
         *,
+        on_failure: Callable[[ReplicaFailure], None],
         wal_sync: bool = True,
         replica_config: ReplicaConfig = ReplicaConfig(),
         retention: WalRetention = WalRetention(),
@@ -95,6 +117,7 @@ class ShardHost:
         self.directory = directory
         self._transport = transport
         self._io = io_executor
+        self._on_failure = on_failure
         directory.mkdir(parents=True, exist_ok=True)
         for leftover in directory.glob("snapshot-staging*"):  # streams cut by a crash
             shutil.rmtree(leftover, ignore_errors=True)
@@ -176,12 +199,14 @@ class ShardHost:
 
     # ------------------------------------------------------------------ inputs
 
+    @_stops_on_failure
     def step(self, msg: Message) -> None:
         if self._closed:
             return
         self.replica.step(msg)
         self._process()
 
+    @_stops_on_failure
     def tick(self) -> None:
         if self._closed:
             return
@@ -233,12 +258,16 @@ class ShardHost:
         """Hands a fully received snapshot to the engine; swaps it in if accepted."""
         self._staged_snapshot = (position, staged_kv)
         try:
-            self.replica.step(SnapshotReceived(self.shard, term, leader, position))
-            self._process()
+            self.step(SnapshotReceived(self.shard, term, leader, position))
         finally:
             if self._staged_snapshot is not None:
                 shutil.rmtree(staged_kv, ignore_errors=True)
                 self._staged_snapshot = None
+        if self._closed:
+            raise ReplicaFailure(
+                f"shard {self.namespace}/{self.shard_id} on node {self.node} stopped while "
+                "installing a snapshot"
+            )
         return self.wal.head
 
     def _swap_in_snapshot(self, position: LogPosition) -> None:
@@ -263,6 +292,7 @@ class ShardHost:
             self._processing_scheduled = True
             asyncio.get_running_loop().call_soon(self._process_scheduled)
 
+    @_stops_on_failure
     def _process_scheduled(self) -> None:
         self._processing_scheduled = False
         if not self._closed:
@@ -273,6 +303,7 @@ class ShardHost:
             self._follower_apply_scheduled = True
             asyncio.get_running_loop().call_soon(self._follower_apply)
 
+    @_stops_on_failure
     def _follower_apply(self) -> None:
         """A follower applies on a later turn of the loop, once its Acks are out.
 
@@ -333,6 +364,7 @@ class ShardHost:
         future = asyncio.get_running_loop().run_in_executor(self._io, ticket.run)
         future.add_done_callback(lambda _: self._sync_done(ticket, messages))
 
+    @_stops_on_failure
     def _sync_done(self, ticket: SyncTicket, messages: list[Outbound]) -> None:
         self._sync_in_flight = False
         if self._closed:
@@ -396,6 +428,7 @@ class ShardHost:
         future = asyncio.get_running_loop().run_in_executor(self._io, kv.flush)
         future.add_done_callback(lambda done: self._trim_after_flush(done, kv, upto + 1))
 
+    @_stops_on_failure
     def _trim_after_flush(self, flushed: asyncio.Future[None], kv: RocksKv, offset: int) -> None:
         self._trim_in_flight = False
         if self._closed or kv is not self.kv:  # closed, or a snapshot replaced the KV meanwhile
@@ -424,10 +457,34 @@ class ShardHost:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _fail_stop(self, error: Exception) -> None:
+        """Stops this replica for good after `error` escaped its processing.
+
+        After a failed write or fsync, memory and disk may disagree (the WAL refuses any
+        further use for that reason), so the replica must not go on. Retrying on every
+        tick would wedge the shard instead -- a leader that cannot commit is still the
+        leader -- and flood the log. The node stops on `on_failure`: the coordinator
+        elects other leaders, and a restart recovers this replica from its files.
+        """
+        if self._closed:
+            return
+        failure = ReplicaFailure(
+            f"shard {self.namespace}/{self.shard_id} on node {self.node} failed "
+            f"({type(error).__name__}: {error}); the node stops so that the cluster elects "
+            f"other leaders. Fix the cause (a full disk: free space) and restart the node: "
+            f"it recovers the shard from {self.directory}"
+        )
+        log.critical("%s", failure, exc_info=error)
+        with contextlib.suppress(Exception):  # the storage is failing: releasing it is enough
+            self.close()
+        self._on_failure(failure)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._fail_pending()
-        self.wal.close()
-        self.kv.close()
+        try:
+            self.wal.close()
+        finally:
+            self.kv.close()

@@ -316,9 +316,11 @@ class RocksKv(_RocksReader):
             return
         for view in list(self._snapshots):
             view.close()
-        self._db.flush_wal(True)
-        self._db.close()
-        self._db = None
+        db, self._db = self._db, None
+        try:
+            db.flush_wal(True)
+        finally:  # release the files and the lock even when the flush fails (a full disk)
+            db.close()
 
 
 # --- In memory ---------------------------------------------------------------
