@@ -427,7 +427,7 @@ def _run_cluster(args: argparse.Namespace) -> None:
         print(_format_status(status), flush=True)
         print("Ctrl-C stops the cluster.", flush=True)
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # children were started before this
-        signal.sigwait(stop_signals)
+        _watch_children(children, stop_signals)
     except _Stop:
         pass
     finally:
@@ -440,6 +440,26 @@ def _run_cluster(args: argparse.Namespace) -> None:
             except subprocess.TimeoutExpired:
                 child.kill()
         print("cluster stopped", flush=True)
+
+
+def _watch_children(
+    children: list[tuple[subprocess.Popen[bytes], Path]], stop_signals: set[signal.Signals]
+) -> None:
+    """Waits for a stop signal (blocked by the caller); says once of each child that exits
+    meanwhile why it stopped. The others go on: the cluster serves with a node down."""
+    reported: set[int] = set()
+    while signal.sigtimedwait(stop_signals, 1.0) is None:
+        for child, log_file in children:
+            code = child.poll()
+            if code is None or child.pid in reported:
+                continue
+            reported.add(child.pid)
+            how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+            print(
+                f"{log_file.stem} exited ({how}); the end of {log_file}:\n{_log_tail(log_file)}\n"
+                "  the other processes go on; restart `quorumstore cluster` to start it again",
+                flush=True,
+            )
 
 
 def _check_children(children: list[tuple[subprocess.Popen[bytes], Path]]) -> None:

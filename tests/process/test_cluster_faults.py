@@ -342,6 +342,10 @@ def _children_of(pid: int) -> list[int]:
     return children
 
 
+def _command_line(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -435,10 +439,23 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
             r"default/1\s+online", status.stdout
         ), status.stdout
 
+        # A node that dies is reported once, with the end of its log; the rest go on.
+        node = next(pid for pid in children if " node " in _command_line(pid))
+        port = re.search(r"--port (\d+)", _command_line(node))
+        assert port is not None
+        os.kill(node, signal.SIGKILL)
+        index = int(port.group(1)) - base
+        deadline = time.monotonic() + 10
+        while f"node{index} exited (killed by SIGKILL)" not in "".join(lines):
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.1)
+        assert f"the end of {tmp_path / 'qs' / f'node{index}.log'}" in "".join(lines)
+
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
         reader.join(5)
         assert "cluster stopped" in "".join(lines)
+        assert "".join(lines).count(" exited (") == 1
         left = [pid for pid in children if _pid_exists(pid)]
         assert not left, f"child processes {left} outlived `quorumstore cluster`"
     finally:
