@@ -13,7 +13,9 @@ What "done" means, one test each:
 4. kill -9 of the coordinator: the data path keeps working, and the restarted
    coordinator (same metadata) manages the shards it had (it elects a new leader);
 and the CLI's `cluster` command end to end. Also: a leader paused (SIGSTOP) until it is
-replaced, then resumed, acknowledges no write it did not keep.
+replaced, then resumed, acknowledges no write it did not keep; a leader whose file
+writes fail (RLIMIT_FSIZE) stops and is replaced; an election waits for a coordinator
+whose metadata saves fail and completes once they work.
 
 Failover times (kill -9 to the first acknowledged write issued after the kill) are
 printed in the terminal summary.
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from conftest import poll_until
 from quorumstore.cli import format_status
 from quorumstore.storage.kv import RocksKv
 from quorumstore.storage.state_machine import ShardReader
@@ -263,6 +266,53 @@ def test_wiped_follower_rejoins_by_snapshot(
 
 
 # ------------------------------------------------------------------ 4. coordinator kill
+
+
+@pytest.mark.timeout(180)
+def test_an_election_waits_for_a_failing_metadata_save_and_then_completes(
+    make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
+) -> None:
+    """The coordinator cannot save its metadata (its directory replaced by a file, so every
+    save fails with ENOTDIR, as a full disk or an object store's outage would fail it) when
+    a leader dies: the election waits, and says why in the log, instead of the coordinator's
+    loop ending for good. Once saves work again the shard gets a leader and writes resume;
+    no acknowledged write is lost."""
+    cluster = make_cluster(nodes=3, shards=1, replication_factor=3)
+    load = write_load(cluster)
+    load.wait_for_write_after(time.monotonic(), None, 20, count=50)
+    leader = cluster.leader_of(0)
+    assert leader is not None
+    term = cluster.shard_metadata(0).term
+    directory = cluster.metadata_path.parent
+    moved = directory.with_name(directory.name + ".moved")
+    directory.rename(moved)
+    directory.write_text("a file where the metadata directory was")
+    try:
+        cluster.kill9(leader)
+        poll_until(
+            lambda: "saving the coordinator metadata" in cluster.coordinator.log_tail(20_000),
+            20,
+            "the coordinator to log a failed metadata save",
+        )
+        time.sleep(2)  # a few retries
+    finally:
+        directory.unlink()
+        moved.rename(directory)
+    restored_at = time.monotonic()
+    new_leader, new_term = cluster.wait_new_leader(0, not_on=leader, after_term=term)
+    first = load.wait_for_write_after(restored_at, 0, FAILOVER_TIMEOUT_S, count=20)
+    log = cluster.coordinator.log_tail(20_000)
+    assert f"saving the coordinator metadata to {cluster.metadata_path} failed" in log, log
+    assert "elections and leader changes wait until it succeeds" in log, log
+    measure(
+        f"metadata saves failing: election after killing {leader} waited; {new_leader} leads in "
+        f"term {new_term}, first write issued after saves work again acknowledged "
+        f"{first.acked_at - restored_at:.2f} s after"
+    )
+    cluster.restart(leader)
+    cluster.wait_rejoined(leader)
+    load.stop()
+    measure("  " + load.verify())
 
 
 @pytest.mark.timeout(150)

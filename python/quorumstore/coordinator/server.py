@@ -42,6 +42,10 @@ from quorumstore.protocol.messages import (
 
 log = logging.getLogger(__name__)
 
+#: Retry delays of a failed metadata save: the first, doubled up to the last.
+SAVE_RETRY_FIRST_S = 0.1
+SAVE_RETRY_MAX_S = 5.0
+
 
 @dataclass(frozen=True)
 class CoordinatorServerConfig:
@@ -200,18 +204,43 @@ class CoordinatorServer:
     async def _process_loop(self) -> None:
         """Persist, then send: the engine's `Ready` contract, one Ready at a time."""
         assert self.engine is not None
-        loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             ready = self.engine.ready()
             if ready.metadata is not None:
-                await loop.run_in_executor(None, self.store.save, ready.metadata)
+                await self._save(ready.metadata)
             for out in ready.messages:
                 self._send(out.to, out.message)
             if ready.assignments_changed:
                 update = wire.assignments_from_metadata(self.engine.metadata)
                 self._spawn(self._push_assignments(update, list(self._links)))
+
+    async def _save(self, metadata: ClusterMetadata) -> None:
+        """Persists `metadata`, retrying until it succeeds.
+
+        What the engine sends next depends on it being saved (a term a node is fenced
+        with must survive a coordinator restart), so nothing is sent meanwhile. Giving
+        up would end this loop, and with it every election, for good: a full disk or an
+        object store's outage then stalls leader changes only while it lasts.
+        """
+        loop = asyncio.get_running_loop()
+        delay = SAVE_RETRY_FIRST_S
+        while True:
+            try:
+                await loop.run_in_executor(None, self.store.save, metadata)
+                return
+            except Exception as e:  # noqa: BLE001 - any failure to persist is retried
+                log.error(
+                    "saving the coordinator metadata to %s failed (%s: %s); elections and "
+                    "leader changes wait until it succeeds (retrying in %.1f s)",
+                    self.config.metadata_url,
+                    type(e).__name__,
+                    e,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, SAVE_RETRY_MAX_S)
 
     # ------------------------------------------------------------------ outputs
 
