@@ -13,6 +13,7 @@ import logging
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -25,9 +26,11 @@ from quorumstore.client import (
     KeyNotFound,
     PutResult,
 )
+from quorumstore.client.sessions import SESSION_CLOSE_TIMEOUT_S
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
 from quorumstore.storage.keys import compare_keys
+from quorumstore.testing import standalone_server
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -304,3 +307,23 @@ def test_bad_sessions_sequences_and_indexes_fail_clearly_before_anything_is_sent
         with pytest.raises(InvalidRequest, match="needs at least 2 deltas"):
             client.put_sequence(key, b"v", partition_key="p")
         assert not exists(client, f"{key}-{2:020d}", partition_key="p")
+
+
+def test_closing_a_client_whose_cluster_is_gone_does_not_wait_out_the_request_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A script that ends after its cluster went away must not hang in `close` for
+    `request_timeout_s` (30 s) retrying session closes nobody can answer: each is tried
+    for at most SESSION_CLOSE_TIMEOUT_S, and the log says the records go at expiry."""
+    with standalone_server(tmp_path / "gone", shards=SHARDS, fsync=False) as gone:
+        client = Client(gone, session_timeout_ms=20_000)
+        for key in keys_on_every_shard(client, "/gone/"):
+            client.put(key, b"e", ephemeral=True)
+    # The server has stopped; every shard holds a session of this client.
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="quorumstore.client.sessions"):
+        client.close()
+    took = time.monotonic() - started
+    assert took < SESSION_CLOSE_TIMEOUT_S + 3, f"close took {took:.1f} s"
+    assert caplog.text.count("could not close session") == SHARDS, caplog.text
+    assert "deleted when it expires" in caplog.text

@@ -41,13 +41,21 @@ class ShardCaller:
     def channels(self) -> Channels:
         return self._channels
 
-    async def call(self, shard: int, attempt: Callable[[str, float], Awaitable[T]], what: str) -> T:
+    async def call(
+        self,
+        shard: int,
+        attempt: Callable[[str, float], Awaitable[T]],
+        what: str,
+        timeout_s: float | None = None,
+    ) -> T:
         """`attempt(leader_address, timeout_s)`, retried until it succeeds.
 
-        Raises the typed error of a final failure, or ServiceUnavailable at the deadline.
+        Raises the typed error of a final failure, or ServiceUnavailable at the deadline:
+        `timeout_s` from now, the client's `request_timeout_s` by default.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout_s
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        deadline = loop.time() + timeout_s
         backoff = Backoff()
         while True:
             leader = self._directory.map.leader(shard)
@@ -60,7 +68,7 @@ class ShardCaller:
                     return await attempt(leader, timeout)
                 except grpc.aio.AioRpcError as e:
                     reason, hinted = self._transient(e, shard, leader)
-            await self._pause(what, shard, reason, deadline, backoff, hinted)
+            await self._pause(what, shard, reason, deadline, timeout_s, backoff, hinted)
 
     async def stream(
         self, shard: int, open_stream: Callable[[OxiaClientStub], AsyncIterator[M]], what: str
@@ -91,7 +99,7 @@ class ShardCaller:
                         deadline = loop.time() + self._timeout_s
                         backoff = Backoff()
                     reason, hinted = self._transient(e, shard, leader)
-            await self._pause(what, shard, reason, deadline, backoff, hinted)
+            await self._pause(what, shard, reason, deadline, self._timeout_s, backoff, hinted)
 
     def _transient(self, e: grpc.aio.AioRpcError, shard: int, leader: str) -> tuple[str, bool]:
         """Why an attempt failed and whether the error named a new leader (now in the
@@ -106,12 +114,19 @@ class ShardCaller:
         return reason, True
 
     async def _pause(
-        self, what: str, shard: int, reason: str, deadline: float, backoff: Backoff, hinted: bool
+        self,
+        what: str,
+        shard: int,
+        reason: str,
+        deadline: float,
+        timeout_s: float,
+        backoff: Backoff,
+        hinted: bool,
     ) -> None:
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             raise ServiceUnavailable(
-                f"{what} on shard {shard} did not succeed within {self._timeout_s:g} s; "
+                f"{what} on shard {shard} did not succeed within {timeout_s:g} s; "
                 f"last error: {reason}"
             )
         delay = min(backoff.next_delay(), remaining)

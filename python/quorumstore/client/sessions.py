@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 #: Keep-alives per session timeout.
 HEARTBEATS_PER_TIMEOUT = 10
+#: How long closing a session is retried at most: a client closed while its cluster is
+#: unreachable returns after this, and the session's records go when it expires.
+SESSION_CLOSE_TIMEOUT_S = 5.0
 
 
 def check_session_timeout(timeout_ms: int) -> None:
@@ -156,7 +159,12 @@ class ShardSessions:
             )
 
         try:
-            await self._caller.call(session.shard, attempt, "session close")
+            await self._caller.call(
+                session.shard,
+                attempt,
+                "session close",
+                min(SESSION_CLOSE_TIMEOUT_S, self._timeout_ms / 1000),
+            )
         except SessionDoesNotExist:
             pass  # expired already: its records are gone either way
         except QuorumStoreError as e:
