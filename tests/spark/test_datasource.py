@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from pyspark.errors import PySparkException
+from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -345,6 +345,29 @@ def test_bad_options_fail_clearly_before_any_task_runs(spark: SparkSession, addr
         "QUORUMSTORE_INVALID_SCHEMA",
         "valueFormat 'string'",
     )
+
+
+def test_a_stream_with_a_batch_read_option_fails_with_that_error_alone(
+    spark: SparkSession, address: str
+) -> None:
+    """The option error of a change feed names the option as written and the use it
+    belongs to, and comes alone: raised while PySpark creates the stream reader, it came
+    chained to PySpark's own UnboundLocalError. No micro-batch runs."""
+    query = (
+        spark.readStream.format("quorumstore")
+        .option("address", address)
+        .option("readFrom", "leader")
+        .load()
+        .writeStream.format("noop")
+        .start()
+    )
+    with pytest.raises(StreamingQueryException) as caught:
+        query.awaitTermination(120)
+    message = str(caught.value)
+    assert "QUORUMSTORE_UNKNOWN_OPTION" in message, message
+    assert "option 'readFrom' applies to spark.read, not to spark.readStream" in message, message
+    assert "UnboundLocalError" not in message, message
+    assert query.recentProgress == []
 
 
 # ------------------------------------------------------------------ change feed and sink

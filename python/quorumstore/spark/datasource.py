@@ -34,9 +34,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from quorumstore.spark.datasource_options import SourceOptions, Use, connect
+from quorumstore.spark.datasource_options import (
+    QuorumstoreOptionError,
+    SourceOptions,
+    Use,
+    connect,
+)
 from quorumstore.spark.datasource_read import QuorumstoreScan, output_schema
-from quorumstore.spark.datasource_stream import QuorumstoreChangeFeed
+from quorumstore.spark.datasource_stream import QuorumstoreChangeFeed, RefusedStreamReader
 from quorumstore.spark.datasource_write import (
     QuorumstoreBatchWriter,
     QuorumstoreStreamWriter,
@@ -87,7 +92,14 @@ class QuorumstoreDataSource(DataSource):
         return QuorumstoreBatchWriter(options, encoder, overwrite)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return QuorumstoreChangeFeed(self._options(Use.STREAM_READ), schema)
+        try:
+            return QuorumstoreChangeFeed(self._options(Use.STREAM_READ), schema)
+        except QuorumstoreOptionError as error:
+            # PySpark's stream runner calls `reader.stop()` in a `finally` around this
+            # call: an error raised here reaches the user chained to its UnboundLocalError.
+            # Raised by the reader's first call (still on the driver, before any task),
+            # it arrives alone.
+            return RefusedStreamReader(error)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         check_stream_mode(overwrite)

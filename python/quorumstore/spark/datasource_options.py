@@ -68,6 +68,24 @@ DEFAULT_MAX_ROWS_PER_PARTITION = 1_000_000
 DEFAULT_CHUNK_ROWS = 65536
 
 
+def _why_unknown(name: str, use: Use, allowed: Mapping[str, str]) -> str:
+    """Names the option as the user wrote it (Spark hands the names over lower-cased):
+    an option of another use, or the allowed option it is closest to."""
+    elsewhere = [
+        (option, other)
+        for other in (Use.READ, Use.WRITE, Use.STREAM_READ, Use.STREAM_WRITE)
+        for option in _ALLOWED[other] - {"checkpointLocation"}
+        if option.lower() == name.lower()
+    ]
+    here = f'{use.value}.format("quorumstore")'
+    if elsewhere:
+        uses = " and ".join(other.value for _, other in elsewhere)
+        return f"option {elsewhere[0][0]!r} applies to {uses}, not to {here}"
+    close = difflib.get_close_matches(name.lower(), list(allowed), n=1)
+    hint = f" (did you mean {allowed[close[0]]}?)" if close else ""
+    return f"unknown option {name!r}{hint} for {here}"
+
+
 def _error(condition: str, message: str) -> QuorumstoreOptionError:
     return QuorumstoreOptionError(condition, message)
 
@@ -118,11 +136,9 @@ class SourceOptions:
         for name, value in options.items():
             canonical = allowed.get(name.lower())
             if canonical is None:
-                close = difflib.get_close_matches(name.lower(), list(allowed), n=1)
-                hint = f" (did you mean {allowed[close[0]]}?)" if close else ""
                 raise _error(
                     "QUORUMSTORE_UNKNOWN_OPTION",
-                    f'unknown option {name!r}{hint} for {use.value}.format("quorumstore"); '
+                    f"{_why_unknown(name, use, allowed)}; "
                     f"the options are {sorted(_ALLOWED[use] - {'checkpointLocation'})}",
                 )
             given[canonical] = value

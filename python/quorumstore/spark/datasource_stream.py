@@ -218,3 +218,22 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release: the change log is kept by time, not by readers."""
+
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """Raises a query's option error from its first call (see `QuorumstoreDataSource.streamReader`)."""
+
+    def __init__(self, error: QuorumstoreOptionError) -> None:
+        self._error = error
+
+    def initialOffset(self) -> dict[str, int]:
+        raise self._error
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        raise self._error
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        raise self._error
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self._error
