@@ -17,8 +17,9 @@ illegal transition is a named error rather than a silent branch (as in h11's
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from quorumstore.protocol.log_view import LogView
@@ -100,6 +101,10 @@ class ReplicaConfig:
     max_append_bytes: int = 4 * 1024 * 1024
     #: Entries pushed to a follower but not yet acked before the leader pauses it.
     max_inflight_entries: int = 8192
+    #: Payload bytes pushed to a follower but not yet acked before the leader pauses it
+    #: (one Append always goes, however large its entries): what a slow or stalled
+    #: follower makes the leader hold in its send queue.
+    max_inflight_bytes: int = 64 * 1024 * 1024
     #: Ticks without progress before the leader re-sends from the follower's acked offset.
     retransmit_ticks: int = 4
     #: A snapshot stream gets this many times `retransmit_ticks` before it is restarted.
@@ -127,10 +132,23 @@ class FollowCursor:
     truncate_to: LogPosition | None = None
     #: The follower head `truncate_to` was chosen for.
     truncate_from: LogPosition | None = None
+    #: (last offset, payload bytes) of each Append pushed and not known acked, oldest first.
+    pushed: deque[tuple[int, int]] = field(default_factory=deque)
+    pushed_bytes: int = 0
 
     @property
     def last_pushed(self) -> int:
         return self.next_offset - 1
+
+    def inflight_bytes(self) -> int:
+        """Payload bytes pushed past the acked offset, after forgetting the Appends acked
+        since and those the leader rewound past (it pushes them again)."""
+        pushed = self.pushed
+        while pushed and pushed[0][0] <= self.acked_offset:
+            self.pushed_bytes -= pushed.popleft()[1]
+        while pushed and pushed[-1][0] >= self.next_offset:
+            self.pushed_bytes -= pushed.pop()[1]
+        return self.pushed_bytes
 
 
 class ShardReplica:
@@ -415,6 +433,7 @@ class ShardReplica:
         while (
             cursor.next_offset <= head.offset
             and cursor.last_pushed - cursor.acked_offset < cfg.max_inflight_entries
+            and cursor.inflight_bytes() < cfg.max_inflight_bytes
             and batches > 0
         ):
             batches -= 1
@@ -435,6 +454,9 @@ class ShardReplica:
                 Append(self.shard, self.term, self.node, prev, entries, self.commit_offset),
             )
             cursor.next_offset = entries[-1].offset + 1
+            size = sum(len(entry.payload) for entry in entries)
+            cursor.pushed.append((entries[-1].offset, size))
+            cursor.pushed_bytes += size
             sent = True
         if sent:
             self._sent_commit[cursor.name] = self.commit_offset
