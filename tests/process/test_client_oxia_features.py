@@ -21,6 +21,7 @@ import pytest
 from conftest import STANDALONE_SHARDS, poll_until
 from quorumstore import AsyncClient, Client
 from quorumstore.client import (
+    INDEX_SCAN_SCHEMA,
     ComparisonType,
     InvalidRequest,
     KeyNotFound,
@@ -233,6 +234,17 @@ def test_secondary_indexes_find_records_across_shards(address: str, prefix: str)
         ]  # by secondary key, then primary key
         ordered_colors = sorted(colors, key=hierarchical_key)
         assert in_order == [(k, records[k][1].encode()) for c in ordered_colors for k in keys_of(c)]
+        # The bulk scan through the index: one Arrow table in the same order, every
+        # shard's rows from one snapshot, with the secondary key each was found by.
+        table = client.scan("", "", use_index=index)
+        assert table.schema == INDEX_SCAN_SCHEMA
+        assert list(zip(table["key"].to_pylist(), table["value"].to_pylist())) == in_order
+        assert table["secondary_key"].to_pylist() == [c for c in ordered_colors for _ in keys_of(c)]
+        # Secondary keys ["006", "009") of the rank index.
+        assert client.scan("006", "009", use_index=rank)["key"].to_pylist() == [
+            f"{prefix}/r{i:02d}" for i in (6, 7, 8)
+        ]
+        assert client.scan("a", "b", use_index=index).num_rows == 0
         # Several secondary keys per index: each is an entry of its own.
         assert client.list("005", "007", use_index=rank) == [f"{prefix}/r05", f"{prefix}/r06"]
         assert client.list("n/", "n/~", use_index=rank) == sorted(records, key=hierarchical_key)
@@ -299,6 +311,8 @@ def test_bad_sessions_sequences_and_indexes_fail_clearly_before_anything_is_sent
             client.put(key, b"v", secondary_indexes=[("i", "x")])  # type: ignore[arg-type]
         with pytest.raises(InvalidRequest, match="use_index"):
             client.list("", "", use_index="")
+        with pytest.raises(InvalidRequest, match="use_index"):
+            client.scan("", "", use_index="")
         with pytest.raises(InvalidRequest, match="prefix_key"):
             client.sequence_updates("", partition_key="p")
         # The server's own checks, for what the client cannot know: a sequence

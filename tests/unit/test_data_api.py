@@ -30,12 +30,15 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
+from quorumstore import Client
 from quorumstore.data_client import DataClient, DataClientError, key_hash, read_ipc
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.spark.datasource_keys import KeyFilter, intersect, prefix_ranges
 from quorumstore.spark.datasource_stream import ChangeKeys
 from quorumstore.storage.keys import compare_keys
+from quorumstore.storage.secondary_indexes import index_order
+from quorumstore.storage.state_machine import INDEX_SCAN_SCHEMA
 from quorumstore.storage.write_batch import ClientSerial, Op
 from quorumstore.testing import standalone_server
 
@@ -137,6 +140,59 @@ def test_a_scan_sees_one_snapshot_while_writes_go_on(client: DataClient) -> None
     ]
     assert len(values) == mine.num_rows and all(v.startswith(b"old:") for v in values)
     assert offset < client.offsets(shard).commit_offset
+
+
+def test_an_index_scan_streams_each_shards_records_in_index_order(
+    server: tuple[str, Path], client: DataClient
+) -> None:
+    """ScanArrow through a secondary index: a range of secondary keys, chunks of at most
+    batch_rows in (secondary key, primary key) order with the secondary key beside each
+    record; an empty answer still has the index schema; keys or several ranges are
+    refused."""
+    prefix = unique("ix")
+    index = f"by-tag-{prefix[3:-1]}"
+    with Client(server[0]) as writer:
+        for i in range(40):
+            writer.put(f"{prefix}{i:02d}", f"{i}", secondary_indexes={index: f"t{i % 3}"})
+    stub = pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(server[0]))
+
+    def scan(shard: int, low: str, high: str) -> list[pa.Table]:
+        request = pb.ScanRequest(
+            namespace="default",
+            shard=shard,
+            ranges=[pb.KeyRange(min_inclusive=low, max_exclusive=high)],
+            batch_rows=4,
+            secondary_index_name=index,
+        )
+        return [read_ipc(chunk.ipc) for chunk in stub.ScanArrow(request)]
+
+    found = []
+    for shard in range(SHARDS):
+        chunks = scan(shard, "t1", "t3")
+        assert all(c.schema == INDEX_SCAN_SCHEMA and c.num_rows <= 4 for c in chunks)
+        rows_ = [row for c in chunks for row in c.select(["secondary_key", "key"]).to_pylist()]
+        pairs = [(r["secondary_key"], r["key"]) for r in rows_]
+        assert pairs == sorted(pairs, key=lambda p: index_order(*p))
+        assert all(client.shard_of(key) == shard for _, key in pairs)
+        found += pairs
+    assert sorted(found) == sorted(
+        (f"t{i % 3}", f"{prefix}{i:02d}") for i in range(40) if i % 3 in (1, 2)
+    )
+    [empty] = scan(0, "x", "y")
+    assert empty.num_rows == 0 and empty.schema == INDEX_SCAN_SCHEMA
+    for bad in (
+        pb.ScanRequest(namespace="default", shard=0, keys=["a"], secondary_index_name=index),
+        pb.ScanRequest(
+            namespace="default",
+            shard=0,
+            ranges=[pb.KeyRange(max_exclusive="b"), pb.KeyRange(min_inclusive="c")],
+            secondary_index_name=index,
+        ),
+    ):
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.ScanArrow(bad))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "reads one range of secondary keys" in caught.value.details()
 
 
 def test_split_ranges_cut_a_shard_into_pieces_of_at_most_max_rows(client: DataClient) -> None:

@@ -5,7 +5,7 @@ without an event loop. Both speak Oxia's client protocol to any quorumstore node
 See docs/client.md for a guide with examples.
 """
 
-from quorumstore.client.arrow import SCAN_SCHEMA, PutManyData
+from quorumstore.client.arrow import INDEX_SCAN_SCHEMA, SCAN_SCHEMA, PutManyData
 from quorumstore.client.async_client import AsyncClient
 from quorumstore.client.errors import (
     ClientClosed,
@@ -31,6 +31,7 @@ from quorumstore.client.types import (
 
 __all__ = [
     "EXPECTED_RECORD_DOES_NOT_EXIST",
+    "INDEX_SCAN_SCHEMA",
     "SCAN_SCHEMA",
     "AsyncClient",
     "Client",

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 
 from quorumstore.client.routing import ShardMap
 from quorumstore.storage.keys import encode_keys
-from quorumstore.storage.state_machine import SCAN_SCHEMA
+from quorumstore.storage.secondary_indexes import INDEX_ORDER_SEPARATOR
+from quorumstore.storage.state_machine import INDEX_SCAN_SCHEMA, SCAN_SCHEMA
 
 #: Rows and (about) bytes of one `WriteArrow` call of `put_many`.
 BULK_BATCH_ROWS = 65536
@@ -124,3 +125,19 @@ def merge_tables(tables: Sequence[pa.Table]) -> pa.Table:
         return table
     order = pc.sort_indices(encode_keys(table.column("key").combine_chunks()))
     return table.take(order)
+
+
+def merge_index_tables(tables: Sequence[pa.Table]) -> pa.Table:
+    """One table of every shard's rows found through an index, in index order: by
+    secondary key, then primary key (`secondary_indexes.index_order`, column-wise)."""
+    if not tables:
+        return INDEX_SCAN_SCHEMA.empty_table()
+    table = pa.concat_tables(tables).combine_chunks()
+    if len(tables) == 1:
+        return table
+    order_keys = pc.binary_join_element_wise(
+        encode_keys(table.column("secondary_key").combine_chunks()),
+        encode_keys(table.column("key").combine_chunks()),
+        INDEX_ORDER_SEPARATOR,
+    )
+    return table.take(pc.sort_indices(order_keys))

@@ -684,16 +684,28 @@ class AsyncClient:
             await merged.aclose()  # type: ignore[attr-defined]
 
     async def scan(
-        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+        self,
+        min_key_inclusive: str,
+        max_key_exclusive: str,
+        *,
+        partition_key: str | None = None,
+        use_index: str | None = None,
     ) -> pa.Table:
         """The records in [min, max) as one pyarrow Table, in hierarchical key order.
 
         Columns: key, value, version_id, modifications_count, created_ms, modified_ms
         (`quorumstore.client.SCAN_SCHEMA`). Each shard's rows come from one snapshot
         of it, as Arrow batches.
+
+        use_index: [min, max) is a range of this index's secondary keys; the table
+          has the records found through it, in index order (secondary key, then
+          primary key), and a `secondary_key` column after the others
+          (`quorumstore.client.INDEX_SCAN_SCHEMA`).
         """
         directory = self._ready()
         _check_range(min_key_inclusive, max_key_exclusive)
+        if use_index is not None:
+            _check_key(use_index, "use_index")
         assert self._caller is not None
         caller = self._caller
         stub = caller.channels.data_stub
@@ -703,7 +715,10 @@ class AsyncClient:
 
         async def shard_table(shard: int) -> pa.Table:
             request = data_pb.ScanRequest(
-                namespace=self.namespace, shard=shard, ranges=[request_range]
+                namespace=self.namespace,
+                shard=shard,
+                ranges=[request_range],
+                secondary_index_name=use_index or "",
             )
 
             async def attempt(leader: str, timeout_s: float) -> pa.Table:
@@ -716,6 +731,8 @@ class AsyncClient:
         tables = await asyncio.gather(
             *(shard_table(s) for s in self._shards(directory, partition_key))
         )
+        if use_index is not None:
+            return arrow.merge_index_tables(tables)
         return arrow.merge_tables(tables)
 
     # ------------------------------------------------------------ notifications

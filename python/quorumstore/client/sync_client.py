@@ -280,11 +280,21 @@ class Client:
         return SequenceUpdates(self, self._call(subscribe()))
 
     def scan(
-        self, min_key_inclusive: str, max_key_exclusive: str, *, partition_key: str | None = None
+        self,
+        min_key_inclusive: str,
+        max_key_exclusive: str,
+        *,
+        partition_key: str | None = None,
+        use_index: str | None = None,
     ) -> pa.Table:
         """The records in [min, max) as a pyarrow Table (see AsyncClient.scan)."""
         return self._call(
-            self._async.scan(min_key_inclusive, max_key_exclusive, partition_key=partition_key)
+            self._async.scan(
+                min_key_inclusive,
+                max_key_exclusive,
+                partition_key=partition_key,
+                use_index=use_index,
+            )
         )
 
 

@@ -24,6 +24,7 @@ rows are dropped when published, by `DiscardStaged`, or after `STAGING_TTL_S`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import shutil
@@ -48,7 +49,13 @@ from quorumstore.storage import change_log
 from quorumstore.storage.keys import compare_keys
 from quorumstore.storage.kv import KvClosedError, KvReader, KvSnapshot, KvStore
 from quorumstore.storage.serials import decode_serial_record, serial_key
-from quorumstore.storage.state_machine import SCAN_SCHEMA, EntryResult, ShardReader
+from quorumstore.storage.state_machine import (
+    INDEX_SCAN_SCHEMA,
+    SCAN_SCHEMA,
+    EntryResult,
+    Record,
+    ShardReader,
+)
 from quorumstore.storage.write_batch import (
     ClientSerial,
     WriteBatchBuilder,
@@ -222,6 +229,22 @@ def _records_of_keys(reader: ShardReader, keys: Sequence[str]) -> pa.RecordBatch
     found = [
         (key, record) for key in dict.fromkeys(keys) if (record := reader.get(key)) is not None
     ]
+    return pa.RecordBatch.from_arrays(_record_columns(found), schema=SCAN_SCHEMA)
+
+
+def _index_chunks(
+    view: KvReader, index_name: str, low: str, high: str, batch_rows: int
+) -> Iterator[bytes]:
+    """INDEX_SCAN_SCHEMA batches of the records index `index_name` finds in [low, high)."""
+    entries = ShardReader(view).range_scan_by_index(index_name, low, high)
+    while chunk := list(itertools.islice(entries, batch_rows)):
+        columns = _record_columns([(primary, record) for primary, _, record in chunk])
+        secondary = pa.array([secondary for _, secondary, _ in chunk], pa.string())
+        yield ipc_bytes(pa.RecordBatch.from_arrays([*columns, secondary], schema=INDEX_SCAN_SCHEMA))
+
+
+def _record_columns(found: Sequence[tuple[str, Record]]) -> list[pa.Array]:
+    """SCAN_SCHEMA's columns of (key, record) pairs."""
     columns = [
         [key for key, _ in found],
         [r.value for _, r in found],
@@ -230,9 +253,7 @@ def _records_of_keys(reader: ShardReader, keys: Sequence[str]) -> pa.RecordBatch
         [r.created_ms for _, r in found],
         [r.modified_ms for _, r in found],
     ]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, f.type) for c, f in zip(columns, SCAN_SCHEMA)], schema=SCAN_SCHEMA
-    )
+    return [pa.array(c, f.type) for c, f in zip(columns, SCAN_SCHEMA)]
 
 
 def _scan_chunks(
@@ -543,21 +564,29 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                 raise _invalid("a scan reads ranges or keys, not both")
             if request.batch_rows < 0:
                 raise _invalid(f"batch_rows must be >= 0, got {request.batch_rows}")
+            index = request.secondary_index_name
+            if index and (request.keys or len(request.ranges) > 1):
+                raise _invalid(f"a scan through index {index!r} reads one range of secondary keys")
             ranges = _ranges(request.ranges)
             if not request.keys and not ranges:
                 ranges = [("", "")]
             host = self._host(request.namespace, request.shard, leader=not request.allow_follower)
             view = self._snapshot(host)
             offset = ShardReader(view).applied_position.offset
-            chunks = _scan_chunks(
-                view, ranges, list(request.keys), request.batch_rows or DEFAULT_SCAN_BATCH_ROWS
+            batch_rows = request.batch_rows or DEFAULT_SCAN_BATCH_ROWS
+            chunks = (
+                _index_chunks(view, index, *ranges[0], batch_rows)
+                if index
+                else _scan_chunks(view, ranges, list(request.keys), batch_rows)
             )
             sent = False
             async for ipc in self._stream(chunks, view):
                 sent = True
                 yield pb.ArrowChunk(ipc=ipc, commit_offset=offset)
             if not sent:  # the client still learns the snapshot's offset (and the schema)
-                empty = pa.RecordBatch.from_pylist([], schema=SCAN_SCHEMA)
+                empty = pa.RecordBatch.from_pylist(
+                    [], schema=INDEX_SCAN_SCHEMA if index else SCAN_SCHEMA
+                )
                 yield pb.ArrowChunk(ipc=ipc_bytes(empty), commit_offset=offset)
         except _Refused as e:
             await e.abort(context)

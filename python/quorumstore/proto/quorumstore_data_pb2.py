@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16quorumstore_data.proto\x12\x13quorumstore.data.v1\"&\n\x11ListShardsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\x83\x01\n\tShardInfo\x12\r\n\x05shard\x18\x01 \x01(\x03\x12\x1a\n\x12min_hash_inclusive\x18\x02 \x01(\r\x12\x1a\n\x12max_hash_inclusive\x18\x03 \x01(\r\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x0e\n\x06leader\x18\x05 \x01(\t\x12\x11\n\tfollowers\x18\x06 \x03(\t\"D\n\x12ListShardsResponse\x12.\n\x06shards\x18\x01 \x03(\x0b\x32\x1e.quorumstore.data.v1.ShardInfo\"8\n\x08KeyRange\x12\x15\n\rmin_inclusive\x18\x01 \x01(\t\x12\x15\n\rmax_exclusive\x18\x02 \x01(\t\"\x8f\x01\n\x12SplitRangesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12-\n\x06ranges\x18\x03 \x03(\x0b\x32\x1d.quorumstore.data.v1.KeyRange\x12\x10\n\x08max_rows\x18\x04 \x01(\x03\x12\x16\n\x0e\x61llow_follower\x18\x05 \x01(\x08\"D\n\x13SplitRangesResponse\x12-\n\x06ranges\x18\x01 \x03(\x0b\x32\x1d.quorumstore.data.v1.KeyRange\"\x98\x01\n\x0bScanRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12-\n\x06ranges\x18\x03 \x03(\x0b\x32\x1d.quorumstore.data.v1.KeyRange\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x16\n\x0e\x61llow_follower\x18\x05 \x01(\x08\x12\x12\n\nbatch_rows\x18\x06 \x01(\x03\"0\n\nArrowChunk\x12\x0b\n\x03ipc\x18\x01 \x01(\x0c\x12\x15\n\rcommit_offset\x18\x02 \x01(\x03\"8\n\nStagedPart\x12\x0c\n\x04part\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x03\x12\x0c\n\x04rows\x18\x03 \x01(\x03\"N\n\nStagedRows\x12\x10\n\x08write_id\x18\x01 \x01(\t\x12.\n\x05parts\x18\x02 \x03(\x0b\x32\x1f.quorumstore.data.v1.StagedPart\"\xb1\x02\n\x11WriteArrowRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12\r\n\x03ipc\x18\x03 \x01(\x0cH\x00\x12\x31\n\x06staged\x18\x04 \x01(\x0b\x32\x1f.quorumstore.data.v1.StagedRowsH\x00\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x0e\n\x06serial\x18\x06 \x01(\x03\x12\x12\n\nhas_serial\x18\x07 \x01(\x08\x12\x0f\n\x07replace\x18\x08 \x01(\x08\x12\x1d\n\x15replace_min_inclusive\x18\t \x01(\t\x12\x1d\n\x15replace_max_exclusive\x18\n \x01(\t\x12\x13\n\x0bunique_keys\x18\x0b \x01(\x08\x12\x15\n\rvalidate_only\x18\x0c \x01(\x08\x42\x06\n\x04rows\"E\n\x12WriteArrowResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x0c\n\x04rows\x18\x03 \x01(\x03\"q\n\x11StageArrowRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12\x10\n\x08write_id\x18\x03 \x01(\t\x12\x0c\n\x04part\x18\x04 \x01(\t\x12\r\n\x05\x63hunk\x18\x05 \x01(\x03\x12\x0b\n\x03ipc\x18\x06 \x01(\x0c\"\"\n\x12StageArrowResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\"(\n\x14\x44iscardStagedRequest\x12\x10\n\x08write_id\x18\x01 \x01(\t\"\x17\n\x15\x44iscardStagedResponse\"M\n\x11GetOffsetsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12\x16\n\x0e\x61llow_follower\x18\x03 \x01(\x08\"G\n\x12GetOffsetsResponse\x12\x15\n\rcommit_offset\x18\x01 \x01(\x03\x12\x1a\n\x12\x63hanges_kept_after\x18\x02 \x01(\x03\"\x86\x01\n\x12ReadChangesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12\x1e\n\x16start_offset_exclusive\x18\x03 \x01(\x03\x12\x1c\n\x14\x65nd_offset_inclusive\x18\x04 \x01(\x03\x12\x10\n\x08max_rows\x18\x05 \x01(\x03\x32\x84\x06\n\x0fQuorumstoreData\x12]\n\nListShards\x12&.quorumstore.data.v1.ListShardsRequest\x1a\'.quorumstore.data.v1.ListShardsResponse\x12`\n\x0bSplitRanges\x12\'.quorumstore.data.v1.SplitRangesRequest\x1a(.quorumstore.data.v1.SplitRangesResponse\x12P\n\tScanArrow\x12 .quorumstore.data.v1.ScanRequest\x1a\x1f.quorumstore.data.v1.ArrowChunk0\x01\x12]\n\nWriteArrow\x12&.quorumstore.data.v1.WriteArrowRequest\x1a\'.quorumstore.data.v1.WriteArrowResponse\x12]\n\nStageArrow\x12&.quorumstore.data.v1.StageArrowRequest\x1a\'.quorumstore.data.v1.StageArrowResponse\x12\x66\n\rDiscardStaged\x12).quorumstore.data.v1.DiscardStagedRequest\x1a*.quorumstore.data.v1.DiscardStagedResponse\x12]\n\nGetOffsets\x12&.quorumstore.data.v1.GetOffsetsRequest\x1a\'.quorumstore.data.v1.GetOffsetsResponse\x12Y\n\x0bReadChanges\x12\'.quorumstore.data.v1.ReadChangesRequest\x1a\x1f.quorumstore.data.v1.ArrowChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16quorumstore_data.proto\x12\x13quorumstore.data.v1\"&\n\x11ListShardsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\x83\x01\n\tShardInfo\x12\r\n\x05shard\x18\x01 \x01(\x03\x12\x1a\n\x12min_hash_inclusive\x18\x02 \x01(\r\x12\x1a\n\x12max_hash_inclusive\x18\x03 \x01(\r\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x0e\n\x06leader\x18\x05 \x01(\t\x12\x11\n\tfollowers\x18\x06 \x03(\t\"D\n\x12ListShardsResponse\x12.\n\x06shards\x18\x01 \x03(\x0b\x32\x1e.quorumstore.data.v1.ShardInfo\"8\n\x08KeyRange\x12\x15\n\rmin_inclusive\x18\x01 \x01(\t\x12\x15\n\rmax_exclusive\x18\x02 \x01(\t\"\x8f\x01\n\x12SplitRangesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12-\n\x06ranges\x18\x03 \x03(\x0b\x32\x1d.quorumstore.data.v1.KeyRange\x12\x10\n\x08max_rows\x18\x04 \x01(\x03\x12\x16\n\x0e\x61llow_follower\x18\x05 \x01(\x08\"D\n\x13SplitRangesResponse\x12-\n\x06ranges\x18\x01 \x03(\x0b\x32\x1d.quorumstore.data.v1.KeyRange\"\xb6\x01\n\x0bScanRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12-\n\x06ranges\x18\x03 \x03(\x0b\x32\x1d.quorumstore.data.v1.KeyRange\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x16\n\x0e\x61llow_follower\x18\x05 \x01(\x08\x12\x12\n\nbatch_rows\x18\x06 \x01(\x03\x12\x1c\n\x14secondary_index_name\x18\x07 \x01(\t\"0\n\nArrowChunk\x12\x0b\n\x03ipc\x18\x01 \x01(\x0c\x12\x15\n\rcommit_offset\x18\x02 \x01(\x03\"8\n\nStagedPart\x12\x0c\n\x04part\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x03\x12\x0c\n\x04rows\x18\x03 \x01(\x03\"N\n\nStagedRows\x12\x10\n\x08write_id\x18\x01 \x01(\t\x12.\n\x05parts\x18\x02 \x03(\x0b\x32\x1f.quorumstore.data.v1.StagedPart\"\xb1\x02\n\x11WriteArrowRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12\r\n\x03ipc\x18\x03 \x01(\x0cH\x00\x12\x31\n\x06staged\x18\x04 \x01(\x0b\x32\x1f.quorumstore.data.v1.StagedRowsH\x00\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x0e\n\x06serial\x18\x06 \x01(\x03\x12\x12\n\nhas_serial\x18\x07 \x01(\x08\x12\x0f\n\x07replace\x18\x08 \x01(\x08\x12\x1d\n\x15replace_min_inclusive\x18\t \x01(\t\x12\x1d\n\x15replace_max_exclusive\x18\n \x01(\t\x12\x13\n\x0bunique_keys\x18\x0b \x01(\x08\x12\x15\n\rvalidate_only\x18\x0c \x01(\x08\x42\x06\n\x04rows\"E\n\x12WriteArrowResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x0c\n\x04rows\x18\x03 \x01(\x03\"q\n\x11StageArrowRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12\x10\n\x08write_id\x18\x03 \x01(\t\x12\x0c\n\x04part\x18\x04 \x01(\t\x12\r\n\x05\x63hunk\x18\x05 \x01(\x03\x12\x0b\n\x03ipc\x18\x06 \x01(\x0c\"\"\n\x12StageArrowResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\"(\n\x14\x44iscardStagedRequest\x12\x10\n\x08write_id\x18\x01 \x01(\t\"\x17\n\x15\x44iscardStagedResponse\"M\n\x11GetOffsetsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12\x16\n\x0e\x61llow_follower\x18\x03 \x01(\x08\"G\n\x12GetOffsetsResponse\x12\x15\n\rcommit_offset\x18\x01 \x01(\x03\x12\x1a\n\x12\x63hanges_kept_after\x18\x02 \x01(\x03\"\x86\x01\n\x12ReadChangesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x03\x12\x1e\n\x16start_offset_exclusive\x18\x03 \x01(\x03\x12\x1c\n\x14\x65nd_offset_inclusive\x18\x04 \x01(\x03\x12\x10\n\x08max_rows\x18\x05 \x01(\x03\x32\x84\x06\n\x0fQuorumstoreData\x12]\n\nListShards\x12&.quorumstore.data.v1.ListShardsRequest\x1a\'.quorumstore.data.v1.ListShardsResponse\x12`\n\x0bSplitRanges\x12\'.quorumstore.data.v1.SplitRangesRequest\x1a(.quorumstore.data.v1.SplitRangesResponse\x12P\n\tScanArrow\x12 .quorumstore.data.v1.ScanRequest\x1a\x1f.quorumstore.data.v1.ArrowChunk0\x01\x12]\n\nWriteArrow\x12&.quorumstore.data.v1.WriteArrowRequest\x1a\'.quorumstore.data.v1.WriteArrowResponse\x12]\n\nStageArrow\x12&.quorumstore.data.v1.StageArrowRequest\x1a\'.quorumstore.data.v1.StageArrowResponse\x12\x66\n\rDiscardStaged\x12).quorumstore.data.v1.DiscardStagedRequest\x1a*.quorumstore.data.v1.DiscardStagedResponse\x12]\n\nGetOffsets\x12&.quorumstore.data.v1.GetOffsetsRequest\x1a\'.quorumstore.data.v1.GetOffsetsResponse\x12Y\n\x0bReadChanges\x12\'.quorumstore.data.v1.ReadChangesRequest\x1a\x1f.quorumstore.data.v1.ArrowChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,31 +44,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPLITRANGESRESPONSE']._serialized_start=495
   _globals['_SPLITRANGESRESPONSE']._serialized_end=563
   _globals['_SCANREQUEST']._serialized_start=566
-  _globals['_SCANREQUEST']._serialized_end=718
-  _globals['_ARROWCHUNK']._serialized_start=720
-  _globals['_ARROWCHUNK']._serialized_end=768
-  _globals['_STAGEDPART']._serialized_start=770
-  _globals['_STAGEDPART']._serialized_end=826
-  _globals['_STAGEDROWS']._serialized_start=828
-  _globals['_STAGEDROWS']._serialized_end=906
-  _globals['_WRITEARROWREQUEST']._serialized_start=909
-  _globals['_WRITEARROWREQUEST']._serialized_end=1214
-  _globals['_WRITEARROWRESPONSE']._serialized_start=1216
-  _globals['_WRITEARROWRESPONSE']._serialized_end=1285
-  _globals['_STAGEARROWREQUEST']._serialized_start=1287
-  _globals['_STAGEARROWREQUEST']._serialized_end=1400
-  _globals['_STAGEARROWRESPONSE']._serialized_start=1402
-  _globals['_STAGEARROWRESPONSE']._serialized_end=1436
-  _globals['_DISCARDSTAGEDREQUEST']._serialized_start=1438
-  _globals['_DISCARDSTAGEDREQUEST']._serialized_end=1478
-  _globals['_DISCARDSTAGEDRESPONSE']._serialized_start=1480
-  _globals['_DISCARDSTAGEDRESPONSE']._serialized_end=1503
-  _globals['_GETOFFSETSREQUEST']._serialized_start=1505
-  _globals['_GETOFFSETSREQUEST']._serialized_end=1582
-  _globals['_GETOFFSETSRESPONSE']._serialized_start=1584
-  _globals['_GETOFFSETSRESPONSE']._serialized_end=1655
-  _globals['_READCHANGESREQUEST']._serialized_start=1658
-  _globals['_READCHANGESREQUEST']._serialized_end=1792
-  _globals['_QUORUMSTOREDATA']._serialized_start=1795
-  _globals['_QUORUMSTOREDATA']._serialized_end=2567
+  _globals['_SCANREQUEST']._serialized_end=748
+  _globals['_ARROWCHUNK']._serialized_start=750
+  _globals['_ARROWCHUNK']._serialized_end=798
+  _globals['_STAGEDPART']._serialized_start=800
+  _globals['_STAGEDPART']._serialized_end=856
+  _globals['_STAGEDROWS']._serialized_start=858
+  _globals['_STAGEDROWS']._serialized_end=936
+  _globals['_WRITEARROWREQUEST']._serialized_start=939
+  _globals['_WRITEARROWREQUEST']._serialized_end=1244
+  _globals['_WRITEARROWRESPONSE']._serialized_start=1246
+  _globals['_WRITEARROWRESPONSE']._serialized_end=1315
+  _globals['_STAGEARROWREQUEST']._serialized_start=1317
+  _globals['_STAGEARROWREQUEST']._serialized_end=1430
+  _globals['_STAGEARROWRESPONSE']._serialized_start=1432
+  _globals['_STAGEARROWRESPONSE']._serialized_end=1466
+  _globals['_DISCARDSTAGEDREQUEST']._serialized_start=1468
+  _globals['_DISCARDSTAGEDREQUEST']._serialized_end=1508
+  _globals['_DISCARDSTAGEDRESPONSE']._serialized_start=1510
+  _globals['_DISCARDSTAGEDRESPONSE']._serialized_end=1533
+  _globals['_GETOFFSETSREQUEST']._serialized_start=1535
+  _globals['_GETOFFSETSREQUEST']._serialized_end=1612
+  _globals['_GETOFFSETSRESPONSE']._serialized_start=1614
+  _globals['_GETOFFSETSRESPONSE']._serialized_end=1685
+  _globals['_READCHANGESREQUEST']._serialized_start=1688
+  _globals['_READCHANGESREQUEST']._serialized_end=1822
+  _globals['_QUORUMSTOREDATA']._serialized_start=1825
+  _globals['_QUORUMSTOREDATA']._serialized_end=2597
 # @@protoc_insertion_point(module_scope)

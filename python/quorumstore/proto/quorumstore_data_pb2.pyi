@@ -63,20 +63,22 @@ class SplitRangesResponse(_message.Message):
     def __init__(self, ranges: _Optional[_Iterable[_Union[KeyRange, _Mapping]]] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("namespace", "shard", "ranges", "keys", "allow_follower", "batch_rows")
+    __slots__ = ("namespace", "shard", "ranges", "keys", "allow_follower", "batch_rows", "secondary_index_name")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SECONDARY_INDEX_NAME_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     ranges: _containers.RepeatedCompositeFieldContainer[KeyRange]
     keys: _containers.RepeatedScalarFieldContainer[str]
     allow_follower: bool
     batch_rows: int
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[KeyRange, _Mapping]]] = ..., keys: _Optional[_Iterable[str]] = ..., allow_follower: _Optional[bool] = ..., batch_rows: _Optional[int] = ...) -> None: ...
+    secondary_index_name: str
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[KeyRange, _Mapping]]] = ..., keys: _Optional[_Iterable[str]] = ..., allow_follower: _Optional[bool] = ..., batch_rows: _Optional[int] = ..., secondary_index_name: _Optional[str] = ...) -> None: ...
 
 class ArrowChunk(_message.Message):
     __slots__ = ("ipc", "commit_offset")

@@ -40,10 +40,14 @@ def _entry_key(encoded_primary: bytes, pair: IndexPair) -> bytes:
     return _index_prefix(name) + encode_key(secondary) + _SEPARATOR + encoded_primary
 
 
+#: Between the encoded secondary and primary keys of `index_order`.
+INDEX_ORDER_SEPARATOR = _SEPARATOR
+
+
 def index_order(secondary: str, primary: str) -> bytes:
     """Sorts index entries as the index keeps them: by secondary key, then primary key
     (what a client merging several shards' index scans compares)."""
-    return encode_key(secondary) + _SEPARATOR + encode_key(primary)
+    return encode_key(secondary) + INDEX_ORDER_SEPARATOR + encode_key(primary)
 
 
 def _encode_pairs(pairs: list[IndexPair]) -> bytes:

@@ -290,6 +290,8 @@ SCAN_SCHEMA = pa.schema(
         pa.field("modified_ms", pa.int64(), nullable=False),
     ]
 )
+#: A scan through a secondary index: each record and the secondary key it was found by.
+INDEX_SCAN_SCHEMA = SCAN_SCHEMA.append(pa.field("secondary_key", pa.string(), nullable=False))
 
 
 def _fixed_width_data(array: pa.Array, width: int) -> pa.Buffer:
