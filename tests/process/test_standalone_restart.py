@@ -7,6 +7,7 @@ kept electing the old address and no shard ever got a leader again.
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from quorumstore import Client
+from quorumstore.client import QuorumStoreError
 from quorumstore.coordinator.metadata_store import MetadataStore
 from quorumstore.protocol.coordinator import initial_metadata
 from quorumstore.testing import standalone_server
@@ -52,3 +54,42 @@ def test_data_directory_of_a_cluster_is_refused_in_one_line(tmp_path: Path) -> N
     assert result.returncode == 2, result.stdout + result.stderr
     assert "describes a cluster of 3 nodes" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_standalone_whose_file_writes_fail_stops_in_one_line_and_keeps_what_it_acked(
+    tmp_path: Path,
+) -> None:
+    """Its files capped (RLIMIT_FSIZE on the live process: writes fail with EFBIG, as on a
+    full disk), `standalone` stops with exit status 1 and one line naming the shard and
+    the error, instead of serving a shard it can no longer write; started again, it
+    serves every write it acknowledged."""
+    data = tmp_path / "data"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "quorumstore.cli", "standalone", "--port", "0", "--data-dir", str(data)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    acked: list[str] = []
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        address = process.stdout.readline().rsplit(" ", 1)[-1].strip()
+        with Client(address, request_timeout_s=5) as client:
+            for i in range(5000):
+                if i == 20:
+                    limit = (64 * 1024, resource.RLIM_INFINITY)
+                    resource.prlimit(process.pid, resource.RLIMIT_FSIZE, limit)
+                try:
+                    client.put(f"/full/{i:04d}", b"x" * 1000)
+                except QuorumStoreError:
+                    break
+                acked.append(f"/full/{i:04d}")
+        assert 20 <= len(acked) < 5000
+        assert process.wait(30) == 1
+        stderr = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert stderr.count("quorumstore: error: shard default/0 on node") == 1, stderr
+    assert "File too large" in stderr and "restart the node" in stderr, stderr
+    with standalone_server(data) as again, Client(again) as client:
+        assert [key for key in acked if client.get(key).value != b"x" * 1000] == []

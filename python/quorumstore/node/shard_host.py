@@ -470,9 +470,9 @@ class ShardHost:
             return
         failure = ReplicaFailure(
             f"shard {self.namespace}/{self.shard_id} on node {self.node} failed "
-            f"({type(error).__name__}: {error}); the node stops so that the cluster elects "
-            f"other leaders. Fix the cause (a full disk: free space) and restart the node: "
-            f"it recovers the shard from {self.directory}"
+            f"({type(error).__name__}: {error}); the node stops, and the other replicas of "
+            f"its shards, if any, elect new leaders. Fix the cause (a full disk: free space) "
+            f"and restart the node: it recovers the shard from {self.directory}"
         )
         log.critical("%s", failure, exc_info=error)
         with contextlib.suppress(Exception):  # the storage is failing: releasing it is enough
