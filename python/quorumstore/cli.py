@@ -546,14 +546,17 @@ def _format_status(status: object) -> str:
         for r in status.replicas  # type: ignore[attr-defined]
         if r.role == pb.LEADER
     }
+    alive = status.nodes_alive  # type: ignore[attr-defined]
     rows = [("shard", "state", "term", "leader", "head", "commit", "followers (lag)", "eligible")]
     for m in status.metadata.shards:  # type: ignore[attr-defined]
         report = leaders.get((m.namespace, m.shard, m.leader, m.term))
         if report is not None:
             head, commit = str(report.head.offset), str(report.commit_offset)
+            # A follower that is down keeps its last acked offset: say so beside its lag.
             followers = (
                 ", ".join(
-                    f"{f.name} ({max(0, report.commit_offset - f.acked_offset)})"
+                    f"{f.name} ({max(0, report.commit_offset - f.acked_offset)}"
+                    f"{'' if alive.get(f.name, True) else ', down'})"
                     for f in report.followers
                 )
                 or "-"
@@ -574,7 +577,7 @@ def _format_status(status: object) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    down = [n for n, up in sorted(status.nodes_alive.items()) if not up]  # type: ignore[attr-defined]
+    down = [n for n, up in sorted(alive.items()) if not up]
     if down:
         lines.append(f"unreachable nodes: {', '.join(down)}")
     return "\n".join(lines)

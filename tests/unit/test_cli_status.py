@@ -13,6 +13,9 @@ NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 
 
 def _leader_report(node: str, term: int, head: int, commit: int) -> pb.ShardStatus:
+    followers = [
+        pb.FollowerStatus(name=name, acked_offset=commit - 2) for name in NODES if name != node
+    ]
     return pb.ShardStatus(
         namespace="default",
         shard=0,
@@ -21,6 +24,7 @@ def _leader_report(node: str, term: int, head: int, commit: int) -> pb.ShardStat
         head=pb.LogPosition(term=term, offset=head),
         commit_offset=commit,
         node=node,
+        followers=followers,
     )
 
 
@@ -42,4 +46,6 @@ def test_a_failed_leaders_last_report_does_not_hide_the_new_leaders() -> None:
     table = format_status(status).splitlines()
     row = next(line for line in table if line.startswith("default/0 "))
     assert row.split()[:6] == ["default/0", "online", "5", NODES[0], "120", "118"], row
+    # The dead node's last acked offset would show a lag like a live follower's.
+    assert f"{NODES[1]} (2), {NODES[2]} (2, down)" in row, row
     assert table[-1] == f"unreachable nodes: {NODES[2]}"
