@@ -116,28 +116,20 @@ def read_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-def merge_tables(tables: Sequence[pa.Table]) -> pa.Table:
-    """One table of every shard's rows, in hierarchical key order."""
+def merge_tables(tables: Sequence[pa.Table], *, by_index: bool = False) -> pa.Table:
+    """One table of every shard's rows, in hierarchical key order; `by_index`: rows
+    found through an index, in index order -- by secondary key, then primary key
+    (`secondary_indexes.index_order`, column-wise)."""
     if not tables:
-        return SCAN_SCHEMA.empty_table()
+        return (INDEX_SCAN_SCHEMA if by_index else SCAN_SCHEMA).empty_table()
     table = pa.concat_tables(tables).combine_chunks()
     if len(tables) == 1:
         return table
-    order = pc.sort_indices(encode_keys(table.column("key").combine_chunks()))
-    return table.take(order)
-
-
-def merge_index_tables(tables: Sequence[pa.Table]) -> pa.Table:
-    """One table of every shard's rows found through an index, in index order: by
-    secondary key, then primary key (`secondary_indexes.index_order`, column-wise)."""
-    if not tables:
-        return INDEX_SCAN_SCHEMA.empty_table()
-    table = pa.concat_tables(tables).combine_chunks()
-    if len(tables) == 1:
-        return table
-    order_keys = pc.binary_join_element_wise(
-        encode_keys(table.column("secondary_key").combine_chunks()),
-        encode_keys(table.column("key").combine_chunks()),
-        INDEX_ORDER_SEPARATOR,
-    )
+    order_keys = encode_keys(table.column("key").combine_chunks())
+    if by_index:
+        order_keys = pc.binary_join_element_wise(
+            encode_keys(table.column("secondary_key").combine_chunks()),
+            order_keys,
+            INDEX_ORDER_SEPARATOR,
+        )
     return table.take(pc.sort_indices(order_keys))

@@ -731,9 +731,7 @@ class AsyncClient:
         tables = await asyncio.gather(
             *(shard_table(s) for s in self._shards(directory, partition_key))
         )
-        if use_index is not None:
-            return arrow.merge_index_tables(tables)
-        return arrow.merge_tables(tables)
+        return arrow.merge_tables(tables, by_index=use_index is not None)
 
     # ------------------------------------------------------------ notifications
 
