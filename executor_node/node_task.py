@@ -39,16 +39,11 @@ from pathlib import Path
 
 from quorumstore import event_loops
 from quorumstore.node.node import Node, NodeConfig
+from quorumstore.node.restarts import RestartBackoff
 from quorumstore.node.transport import probe_port
 from quorumstore.spark.config import node_path
 
 log = logging.getLogger("quorumstore.spark.node_task")
-
-#: In-task restart backoff: first delay, doubled per consecutive failure up to the cap.
-RESTART_DELAY_S = 0.5
-RESTART_DELAY_MAX_S = 10.0
-#: A node that served this long before it failed restarts after the first delay again.
-STABLE_RUN_S = 60.0
 
 
 class NodeConfigError(RuntimeError):
@@ -95,7 +90,7 @@ async def _supervise(spec: NodeTaskSpec, index: int) -> None:
     node = await _start_until_up(spec, index)
     if spec.barrier:
         await asyncio.to_thread(_gather_addresses, spec, index, node.name)
-    delay = RESTART_DELAY_S
+    backoff = RestartBackoff()
     while True:
         started = time.monotonic()
         try:
@@ -103,10 +98,7 @@ async def _supervise(spec: NodeTaskSpec, index: int) -> None:
             failure = "its gRPC server stopped"
         except Exception as e:  # noqa: BLE001 - any failure of the node restarts it
             failure = f"{type(e).__name__}: {e}"
-        # A node that fails again soon after its restart (a disk still full) waits longer
-        # each time, instead of failing and restarting in a tight loop.
-        if time.monotonic() - started >= STABLE_RUN_S:
-            delay = RESTART_DELAY_S
+        delay = backoff.delay_after(time.monotonic() - started)
         log.warning(
             "node %d (%s) failed: %s; restarting it from %s in %.1f s",
             index,
@@ -117,13 +109,12 @@ async def _supervise(spec: NodeTaskSpec, index: int) -> None:
         )
         await _stop_quietly(node)
         await asyncio.sleep(delay)
-        delay = min(delay * 2, RESTART_DELAY_MAX_S)
         node = await _start_until_up(spec, index)
 
 
 async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
     """Starts node `index`, retrying with backoff until it serves; returns it."""
-    delay = RESTART_DELAY_S
+    backoff = RestartBackoff()
     while True:
         node = Node(
             NodeConfig(
@@ -139,6 +130,7 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
         except NodeConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - a node that cannot start is retried, not fatal
+            delay = backoff.delay_after(0)
             log.warning(
                 "node %d could not start (%s: %s); retrying in %.1f s",
                 index,
@@ -149,7 +141,6 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
             spec.start_error_file(index).write_text(f"{type(e).__name__}: {e}\n")
             await _stop_quietly(node)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, RESTART_DELAY_MAX_S)
             continue
         spec.start_error_file(index).unlink(missing_ok=True)
         log.info(

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -28,6 +28,7 @@ from quorumstore import event_loops
 from quorumstore.addresses import host_port
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.node.failures import ReplicaFailure
+from quorumstore.node.restarts import RestartBackoff
 from quorumstore.storage.wal import WalError
 
 if TYPE_CHECKING:
@@ -310,13 +311,28 @@ async def _run_coordinator(args: argparse.Namespace) -> None:
         await coordinator.stop()
 
 
-def _die_with_parent() -> None:
-    """In a `cluster` child before it runs: SIGTERM it when the `cluster` process dies,
-    however it dies (kill -9 included), so no node outlives the command that owns it."""
-    import ctypes
+#: Set in the environment of a `cluster` child: the pid of the `cluster` that owns it.
+_CLUSTER_PID_ENV = "QUORUMSTORE_CLUSTER_PID"
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+def _follow_cluster_parent() -> None:
+    """In a `cluster` child, first thing: take the stop signals (a child restarted while
+    `cluster` blocks them inherits the block) and get SIGTERM when the `cluster` process
+    dies, however it dies (kill -9 included), so no node outlives the command that owns
+    it. Done here rather than between fork and exec, which is unsafe once `cluster` runs
+    gRPC's threads."""
+    owner = os.environ.pop(_CLUSTER_PID_ENV, None)
+    if owner is None:
+        return
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != int(owner):  # `cluster` died before the line above took effect
+        sys.exit(f"quorumstore: `quorumstore cluster` (pid {owner}) is gone; not starting")
 
 
 def _spawn(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
@@ -327,8 +343,7 @@ def _spawn(argv: list[str], log_file: Path) -> subprocess.Popen[bytes]:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            # `cluster` spawns its children before it starts any thread (gRPC's included).
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+            env={**os.environ, _CLUSTER_PID_ENV: str(os.getpid())},
         )
 
 
@@ -402,14 +417,13 @@ def _run_cluster(args: argparse.Namespace) -> None:
             data_dir / "coordinator.log",
         )
     )  # fmt: skip
-    children: list[tuple[subprocess.Popen[bytes], Path]] = []
+    children: list[_Child] = []
     # Closing the terminal (SIGHUP) or SIGTERM must stop the children as Ctrl-C does.
-    stop_signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGHUP, _raise_stop)
     try:
         for argv, log_file in commands:
-            children.append((_spawn(argv, log_file), log_file))
+            children.append(_Child(argv, log_file))
         status = _wait_for_cluster(admin, children, timeout_s=60)
         shards = len(status.metadata.shards)  # type: ignore[attr-defined]
         print(
@@ -426,55 +440,80 @@ def _run_cluster(args: argparse.Namespace) -> None:
         print(f"data and logs:  {data_dir}", flush=True)
         print(_format_status(status), flush=True)
         print("Ctrl-C stops the cluster.", flush=True)
-        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # children were started before this
-        _watch_children(children, stop_signals)
+        # Signals wait for _watch_children from here on, so none lands mid-restart.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        _watch_children(children)
     except _Stop:
         pass
     finally:
-        for child, _ in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child, _ in children:
+        for child in children:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        for child in children:
             try:
-                child.wait(timeout=10)
+                child.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                child.kill()
+                child.process.kill()
         print("cluster stopped", flush=True)
 
 
-def _watch_children(
-    children: list[tuple[subprocess.Popen[bytes], Path]], stop_signals: set[signal.Signals]
-) -> None:
-    """Waits for a stop signal (blocked by the caller); says once of each child that exits
-    meanwhile why it stopped. The others go on: the cluster serves with a node down."""
-    reported: set[int] = set()
-    while signal.sigtimedwait(stop_signals, 1.0) is None:
-        for child, log_file in children:
-            code = child.poll()
-            if code is None or child.pid in reported:
-                continue
-            reported.add(child.pid)
-            how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
-            print(
-                f"{log_file.stem} exited ({how}); the end of {log_file}:\n{_log_tail(log_file)}\n"
-                "  the other processes go on; restart `quorumstore cluster` to start it again",
-                flush=True,
-            )
+class _Child:
+    """One process of a `cluster`: a node or the coordinator, restarted when it stops."""
+
+    def __init__(self, argv: list[str], log_file: Path) -> None:
+        self.argv = argv
+        self.log_file = log_file
+        self.process = _spawn(argv, log_file)
+        self.started = time.monotonic()
+        self.backoff = RestartBackoff()
+        #: When the stopped process starts again; None while it runs.
+        self.restart_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.log_file.stem
+
+    def check(self, now: float) -> None:
+        """Says why the process stopped and when it restarts, or restarts it when due."""
+        if self.restart_at is not None:
+            if now >= self.restart_at:
+                self.process = _spawn(self.argv, self.log_file)
+                self.started, self.restart_at = now, None
+                print(f"{self.name} restarted (pid {self.process.pid})", flush=True)
+            return
+        code = self.process.poll()
+        if code is None:
+            return
+        delay = self.backoff.delay_after(now - self.started)
+        self.restart_at = now + delay
+        how = f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+        print(
+            f"{self.name} exited ({how}); the end of {self.log_file}:\n{_log_tail(self.log_file)}\n"
+            f"  restarting it in {delay:.1f} s from its data directory; the other processes go on",
+            flush=True,
+        )
 
 
-def _check_children(children: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
-    for child, log_file in children:
-        if child.poll() is not None:
-            argv = cast(list[str], child.args)  # _spawn passes a list
+def _watch_children(children: list[_Child]) -> None:
+    """Until a stop signal (blocked by the caller): restarts each child that stops, after
+    a wait that grows while it keeps failing. Meanwhile the cluster serves without it,
+    as it does with any node down."""
+    while signal.sigtimedwait(_STOP_SIGNALS, 0.2) is None:
+        now = time.monotonic()
+        for child in children:
+            child.check(now)
+
+
+def _check_children(children: list[_Child]) -> None:
+    for child in children:
+        if child.process.poll() is not None:
             raise CliError(
-                f"a cluster process exited early ({' '.join(argv[3:])}); the end of {log_file}:\n"
-                + _log_tail(log_file)
+                f"a cluster process exited early ({' '.join(child.argv)}); the end of "
+                f"{child.log_file}:\n" + _log_tail(child.log_file)
             )
 
 
-def _wait_for_cluster(
-    admin: str, children: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float
-) -> object:
+def _wait_for_cluster(admin: str, children: list[_Child], timeout_s: float) -> object:
     deadline = time.monotonic() + timeout_s
     last_error = ""
     while time.monotonic() < deadline:
@@ -633,7 +672,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_wal_flags(p)
 
     p = sub.add_parser(
-        "cluster", help="a coordinator and N node processes on this machine", parents=[common]
+        "cluster",
+        help="a coordinator and N node processes on this machine, each restarted when it stops",
+        parents=[common],
     )
     p.add_argument("--nodes", type=_positive, default=3)
     p.add_argument("--shards", type=_positive, default=1)
@@ -688,6 +729,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _follow_cluster_parent()
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

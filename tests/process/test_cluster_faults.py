@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from conftest import poll_until
-from quorumstore.cli import format_status
+from quorumstore.cli import _fetch_status, all_replicas_serving, format_status
 from quorumstore.storage.kv import RocksKv
 from quorumstore.storage.state_machine import ShardReader
 from quorumstore.storage.wal import Wal
@@ -396,6 +396,14 @@ def _command_line(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
+def _blocks(pid: int, signum: signal.Signals) -> bool:
+    """Whether the main thread of process `pid` has `signum` blocked."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.MULTILINE)
+    assert mask is not None, status
+    return bool(int(mask.group(1), 16) >> (signum - 1) & 1)
+
+
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -489,23 +497,50 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
             r"default/1\s+online", status.stdout
         ), status.stdout
 
-        # A node that dies is reported once, with the end of its log; the rest go on.
-        node = next(pid for pid in children if " node " in _command_line(pid))
-        port = re.search(r"--port (\d+)", _command_line(node))
-        assert port is not None
-        os.kill(node, signal.SIGKILL)
-        index = int(port.group(1)) - base
-        deadline = time.monotonic() + 10
-        while f"node{index} exited (killed by SIGKILL)" not in "".join(lines):
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.1)
-        assert f"the end of {tmp_path / 'qs' / f'node{index}.log'}" in "".join(lines)
+        # A node that dies is reported with the end of its log and restarted; the rest go
+        # on. Then another node dies: with one of three down, writes need the restarted
+        # node, so they prove it rejoined.
+        node_pids = {
+            int(port.group(1)) - base: pid
+            for pid in children
+            if (port := re.search(r" node .*--port (\d+)", _command_line(pid)))
+        }
+        assert sorted(node_pids) == [0, 1, 2], node_pids
+        for index in (1, 2):
+            os.kill(node_pids[index], signal.SIGKILL)
+            poll_until(
+                lambda i=index: f"node{i} restarted (pid " in "".join(lines),
+                timeout_s=15,
+                what=f"`cluster` to restart node{index}",
+                describe=lambda: "".join(lines),
+            )
+            output = "".join(lines)
+            log_file = tmp_path / "qs" / f"node{index}.log"
+            assert f"node{index} exited (killed by SIGKILL); the end of {log_file}" in output
+            assert "restarting it in 0.5 s from its data directory" in output
+            if index == 1:
+                poll_until(
+                    lambda: all_replicas_serving(_fetch_status(coordinator.group(1))),
+                    timeout_s=30,
+                    what="the restarted node1 to follow every shard it replicates",
+                )
+        with official_oxia_client(client_address.group(1)) as client:
+            for i in range(20):
+                client.put(f"/cli/after/{i}", f"after-{i}")
+            assert [client.get(f"/cli/after/{i}")[1] for i in range(20)] == [
+                f"after-{i}".encode() for i in range(20)
+            ]
+        children = _children_of(process.pid)
+        assert len(children) == nodes + 1, children
+        # `cluster` blocks the stop signals while it watches; a restarted child must not
+        # inherit that, or SIGTERM would not stop it.
+        assert not [pid for pid in children if _blocks(pid, signal.SIGTERM)], children
 
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
         reader.join(5)
         assert "cluster stopped" in "".join(lines)
-        assert "".join(lines).count(" exited (") == 1
+        assert "".join(lines).count(" exited (") == 2
         left = [pid for pid in children if _pid_exists(pid)]
         assert not left, f"child processes {left} outlived `quorumstore cluster`"
     finally:
