@@ -497,30 +497,32 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
             r"default/1\s+online", status.stdout
         ), status.stdout
 
-        # A node that dies is reported with the end of its log and restarted, and it
-        # follows its shards again; the rest go on. Then the same for another node.
-        node_pids = {
-            int(port.group(1)) - base: pid
-            for pid in children
+        # A child that dies is reported with the end of its log and restarted: a node
+        # follows its shards again, the coordinator resumes from its metadata; the rest
+        # go on meanwhile.
+        named = {
+            f"node{int(port.group(1)) - base}"
             if (port := re.search(r" node .*--port (\d+)", _command_line(pid)))
+            else "coordinator": pid
+            for pid in children
         }
-        assert sorted(node_pids) == [0, 1, 2], node_pids
-        for index in (1, 2):
-            os.kill(node_pids[index], signal.SIGKILL)
+        assert sorted(named) == ["coordinator", "node0", "node1", "node2"], named
+        for name in ("node1", "node2", "coordinator"):
+            os.kill(named[name], signal.SIGKILL)
             poll_until(
-                lambda i=index: f"node{i} restarted (pid " in "".join(lines),
+                lambda n=name: f"{n} restarted (pid " in "".join(lines),
                 timeout_s=15,
-                what=f"`cluster` to restart node{index}",
+                what=f"`cluster` to restart {name}",
                 describe=lambda: "".join(lines),
             )
             output = "".join(lines)
-            log_file = tmp_path / "qs" / f"node{index}.log"
-            assert f"node{index} exited (killed by SIGKILL); the end of {log_file}" in output
+            log_file = tmp_path / "qs" / f"{name}.log"
+            assert f"{name} exited (killed by SIGKILL); the end of {log_file}" in output
             assert "restarting it in 0.5 s from its data directory" in output
             poll_until(
                 lambda: all_replicas_serving(_fetch_status(coordinator.group(1))),
                 timeout_s=30,
-                what=f"the restarted node{index} to follow every shard it replicates",
+                what=f"every replica to serve again after {name} restarted",
             )
         with official_oxia_client(client_address.group(1)) as client:
             for i in range(20):
@@ -538,7 +540,7 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
         assert process.wait(30) == 0
         reader.join(5)
         assert "cluster stopped" in "".join(lines)
-        assert "".join(lines).count(" exited (") == 2
+        assert "".join(lines).count(" exited (") == 3
         left = [pid for pid in children if _pid_exists(pid)]
         assert not left, f"child processes {left} outlived `quorumstore cluster`"
     finally:
