@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quorumstore import event_loops
+from quorumstore.backoff import restart_backoff
 from quorumstore.node.node import Node, NodeConfig
-from quorumstore.node.restarts import RestartBackoff
 from quorumstore.node.transport import probe_port
 from quorumstore.spark.config import node_path
 
@@ -90,7 +90,7 @@ async def _supervise(spec: NodeTaskSpec, index: int) -> None:
     node = await _start_until_up(spec, index)
     if spec.barrier:
         await asyncio.to_thread(_gather_addresses, spec, index, node.name)
-    backoff = RestartBackoff()
+    backoff = restart_backoff()
     while True:
         started = time.monotonic()
         try:
@@ -114,7 +114,7 @@ async def _supervise(spec: NodeTaskSpec, index: int) -> None:
 
 async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
     """Starts node `index`, retrying with backoff until it serves; returns it."""
-    backoff = RestartBackoff()
+    backoff = restart_backoff()
     while True:
         node = Node(
             NodeConfig(
@@ -130,7 +130,7 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
         except NodeConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - a node that cannot start is retried, not fatal
-            delay = backoff.delay_after(0)
+            delay = backoff.delay_after()
             log.warning(
                 "node %d could not start (%s: %s); retrying in %.1f s",
                 index,

@@ -26,9 +26,9 @@ import grpc
 
 from quorumstore import event_loops
 from quorumstore.addresses import host_port
+from quorumstore.backoff import restart_backoff
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.node.failures import ReplicaFailure
-from quorumstore.node.restarts import RestartBackoff
 from quorumstore.storage.wal import WalError
 
 if TYPE_CHECKING:
@@ -465,7 +465,7 @@ class _Child:
         self.log_file = log_file
         self.process = _spawn(argv, log_file)
         self.started = time.monotonic()
-        self.backoff = RestartBackoff()
+        self.backoff = restart_backoff()
         #: When the stopped process starts again; None while it runs.
         self.restart_at: float | None = None
 

@@ -20,6 +20,7 @@ import grpc
 
 from quorumstore import wire
 from quorumstore.addresses import host_port
+from quorumstore.backoff import DoublingBackoff
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.node.transport import GRPC_OPTIONS, SERVER_OPTIONS, listen
 from quorumstore.proto import replication_pb2 as pb
@@ -225,12 +226,13 @@ class CoordinatorServer:
         object store's outage then stalls leader changes only while it lasts.
         """
         loop = asyncio.get_running_loop()
-        delay = SAVE_RETRY_FIRST_S
+        backoff = DoublingBackoff(first_s=SAVE_RETRY_FIRST_S, max_s=SAVE_RETRY_MAX_S)
         while True:
             try:
                 await loop.run_in_executor(None, self.store.save, metadata)
                 return
             except Exception as e:  # noqa: BLE001 - any failure to persist is retried
+                delay = backoff.delay_after()
                 log.error(
                     "saving the coordinator metadata to %s failed (%s: %s); elections and "
                     "leader changes wait until it succeeds (retrying in %.1f s)",
@@ -240,7 +242,6 @@ class CoordinatorServer:
                     delay,
                 )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, SAVE_RETRY_MAX_S)
 
     # ------------------------------------------------------------------ outputs
 

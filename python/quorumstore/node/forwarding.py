@@ -11,7 +11,8 @@ So a client can be served in gateway mode instead: its map names the node it ask
 for every shard, and never changes (the client never sees a second map), and that
 node relays each call for a shard led elsewhere to the leader it knows. A leader
 change is then invisible to the client, apart from calls failing while the shard has
-no leader, which the client retries.
+no reachable leader, which the application retries (the official Python client never
+retries a call).
 
 The mode of a call is the `qs-routing` metadata entry ("leader" or "gateway"); without
 it, clients built on grpc-python (the official Python client among them) get gateway
