@@ -118,6 +118,11 @@ def _check_expected_version(expected_version_id: int | None) -> None:
         )
 
 
+def _check_index(use_index: str | None) -> None:
+    if use_index is not None:
+        _check_key(use_index, "use_index")
+
+
 def _index_pairs(secondary_indexes: SecondaryIndexes | None) -> tuple[tuple[str, str], ...]:
     """(index name, secondary key) pairs of a put, checked before it is queued."""
     if not secondary_indexes:
@@ -581,8 +586,7 @@ class AsyncClient:
             return await self.submit_get(key, partition_key, include_value)
         directory = self._ready()
         _check_str(key, "key")
-        if use_index is not None:
-            _check_key(use_index, "use_index")
+        _check_index(use_index)
         loop = asyncio.get_running_loop()
         futures = []
         for shard in self._shards(directory, partition_key):
@@ -621,8 +625,7 @@ class AsyncClient:
         """
         directory = self._ready()
         _check_range(min_key_inclusive, max_key_exclusive)
-        if use_index is not None:
-            _check_key(use_index, "use_index")
+        _check_index(use_index)
         assert self._caller is not None
         caller = self._caller
         parts = await asyncio.gather(
@@ -667,8 +670,7 @@ class AsyncClient:
         """`range_scan` in chunks of records (fewer hand-offs for large scans)."""
         directory = self._ready()
         _check_range(min_key_inclusive, max_key_exclusive)
-        if use_index is not None:
-            _check_key(use_index, "use_index")
+        _check_index(use_index)
         assert self._caller is not None
         caller = self._caller
         streams = [
@@ -704,8 +706,7 @@ class AsyncClient:
         """
         directory = self._ready()
         _check_range(min_key_inclusive, max_key_exclusive)
-        if use_index is not None:
-            _check_key(use_index, "use_index")
+        _check_index(use_index)
         assert self._caller is not None
         caller = self._caller
         stub = caller.channels.data_stub

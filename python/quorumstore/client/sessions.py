@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from quorumstore.client.calls import ShardCaller
 from quorumstore.client.discovery import ROUTING_METADATA
 from quorumstore.client.errors import QuorumStoreError, SessionDoesNotExist
 from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
 from quorumstore.storage.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 #: Keep-alives per session timeout.
 HEARTBEATS_PER_TIMEOUT = 10
@@ -78,37 +82,43 @@ class ShardSessions:
             raise
         return session.session_id
 
+    async def _call(
+        self,
+        shard: int,
+        method: Callable[[OxiaClientStub], Callable[..., Awaitable[R]]],
+        request: object,
+        what: str,
+        timeout_s: float | None = None,
+    ) -> R:
+        """`method` of the shard leader's stub with `request`, retried as every call is."""
+        stub = self._caller.channels.stub
+
+        async def attempt(leader: str, attempt_timeout_s: float) -> R:
+            return await method(stub(leader))(
+                request, metadata=ROUTING_METADATA, timeout=attempt_timeout_s
+            )
+
+        return await self._caller.call(shard, attempt, what, timeout_s)
+
     async def _open(self, shard: int) -> _Session:
         request = pb.CreateSessionRequest(
             shard=shard, session_timeout_ms=self._timeout_ms, client_identity=self._identity
         )
-        stub = self._caller.channels.stub
-
-        async def attempt(leader: str, timeout_s: float) -> pb.CreateSessionResponse:
-            return await stub(leader).CreateSession(
-                request, metadata=ROUTING_METADATA, timeout=timeout_s
-            )
-
         # A retried create may leave an extra, unused session behind; it expires.
-        response = await self._caller.call(shard, attempt, "session create")
+        response: pb.CreateSessionResponse = await self._call(
+            shard, lambda stub: stub.CreateSession, request, "session create"
+        )
         session_id = response.session_id
         keeper = asyncio.create_task(self._keep_alive(shard, session_id))
         return _Session(shard, session_id, keeper)
 
     async def _keep_alive(self, shard: int, session_id: int) -> None:
         request = pb.SessionHeartbeat(shard=shard, session_id=session_id)
-        stub = self._caller.channels.stub
         interval_s = self._timeout_ms / HEARTBEATS_PER_TIMEOUT / 1000
-
-        async def attempt(leader: str, timeout_s: float) -> pb.KeepAliveResponse:
-            return await stub(leader).KeepAlive(
-                request, metadata=ROUTING_METADATA, timeout=timeout_s
-            )
-
         while True:
             await asyncio.sleep(interval_s)
             try:
-                await self._caller.call(shard, attempt, "session keep-alive")
+                await self._call(shard, lambda stub: stub.KeepAlive, request, "session keep-alive")
             except SessionDoesNotExist:
                 log.warning(
                     "session %d of shard %d expired (no keep-alive reached the shard for "
@@ -151,17 +161,11 @@ class ShardSessions:
 
     async def _close(self, session: _Session) -> None:
         request = pb.CloseSessionRequest(shard=session.shard, session_id=session.session_id)
-        stub = self._caller.channels.stub
-
-        async def attempt(leader: str, timeout_s: float) -> pb.CloseSessionResponse:
-            return await stub(leader).CloseSession(
-                request, metadata=ROUTING_METADATA, timeout=timeout_s
-            )
-
         try:
-            await self._caller.call(
+            await self._call(
                 session.shard,
-                attempt,
+                lambda stub: stub.CloseSession,
+                request,
                 "session close",
                 min(SESSION_CLOSE_TIMEOUT_S, self._timeout_ms / 1000),
             )

@@ -241,7 +241,7 @@ class CoordinatorServer:
                     e,
                     delay,
                 )
-            await asyncio.sleep(delay)
+                await asyncio.sleep(delay)
 
     # ------------------------------------------------------------------ outputs
 
