@@ -4,8 +4,8 @@
 - ``string``: the `value` column as UTF-8 text.
 - ``json``: one JSON object per value; reading decodes it into typed columns
   (`valueSchema`, a Spark DDL string such as ``"name STRING, age INT"``), writing
-  encodes the value columns of each row as one object. Timestamps, dates and
-  decimals are JSON strings (ISO 8601, decimal text), binary is base64 text.
+  encodes the value columns of each row as one object, as Spark's ``to_json`` does
+  (see `json_values`).
 - ``arrow``: one Arrow IPC stream holding a one-row record batch per value; the same
   columns as ``json``, with exact types.
 
@@ -22,17 +22,11 @@ Example::
 
 from __future__ import annotations
 
-import base64
-import datetime
-import decimal
-import io
-import json
 import re
 from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pa_json
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
@@ -54,6 +48,8 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+
+from quorumstore.spark import json_values
 
 FORMATS = ("binary", "string", "json", "arrow")
 #: Formats whose values hold several typed columns.
@@ -199,33 +195,6 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def _json_read_type(t: pa.DataType) -> pa.DataType:
-    """The type pyarrow's JSON reader parses `t` from: dates and decimals come as strings."""
-    if pa.types.is_date(t) or pa.types.is_decimal(t):
-        return pa.string()
-    if pa.types.is_list(t):
-        return pa.list_(
-            pa.field(t.value_field.name, _json_read_type(t.value_type), t.value_field.nullable)
-        )
-    if pa.types.is_map(t):
-        return pa.map_(_json_read_type(t.key_type), _json_read_type(t.item_type))
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, _json_read_type(f.type), f.nullable) for f in t])
-    return t
-
-
-def _json_default(value: object) -> object:
-    if isinstance(value, datetime.datetime):
-        return value.isoformat()
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    raise TypeError(f"cannot write {type(value).__name__} values as JSON")
-
-
 def _ipc_row(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
@@ -246,6 +215,13 @@ class ValueCodec:
             schema = StructType([StructField("value", StringType())])
         elif schema is None:
             raise SchemaError(f"valueFormat {fmt!r} needs the value columns' schema")
+        if fmt == "json":
+            bad = json_values.non_string_map_key(schema)
+            if bad is not None:
+                raise SchemaError(
+                    f"valueFormat json stores maps as JSON objects, whose keys are strings, but the "
+                    f"value has {bad.simpleString()}: cast the map's keys to string, or use valueFormat arrow"
+                )
         self.schema: StructType = schema
         self.arrow = arrow_schema(schema)
 
@@ -280,7 +256,9 @@ class ValueCodec:
         present = pc.is_valid(values)
         compact = values.filter(present)
         columns = (
-            self._decode_json(compact) if self.format == "json" else self._decode_arrow(compact)
+            json_values.decode(compact, self.arrow, self.schema.simpleString())
+            if self.format == "json"
+            else self._decode_arrow(compact)
         )
         if len(compact) == len(values):
             return columns
@@ -288,28 +266,6 @@ class ValueCodec:
         index = pc.subtract(pc.cumulative_sum(present.cast(pa.int64())), 1)
         index = pc.if_else(present, index, pa.scalar(None, pa.int64()))
         return [column.take(index) for column in columns]
-
-    def _decode_json(self, values: pa.Array) -> list[pa.Array]:
-        if len(values) == 0:
-            return [pa.array([], f.type) for f in self.arrow]
-        filled = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(b"{}"), values)
-        text = b"\n".join(filled.to_pylist())
-        read_schema = pa.schema([f.with_type(_json_read_type(f.type)) for f in self.arrow])
-        options = pa_json.ParseOptions(
-            explicit_schema=read_schema, unexpected_field_behavior="ignore", newlines_in_values=True
-        )
-        try:
-            table = pa_json.read_json(io.BytesIO(text), parse_options=options)
-        except pa.ArrowInvalid as e:
-            raise ValueError(
-                f"cannot decode values as JSON objects with valueSchema {self.schema.simpleString()}: {e}"
-            ) from None
-        if table.num_rows != len(values):
-            raise ValueError(
-                f"{len(values)} values decoded into {table.num_rows} JSON objects: every value must be "
-                "exactly one JSON object"
-            )
-        return [table.column(f.name).combine_chunks().cast(f.type) for f in self.arrow]
 
     def _decode_arrow(self, values: pa.Array) -> list[pa.Array]:
         rows = []
@@ -342,15 +298,7 @@ class ValueCodec:
         if self.format == "string":
             return columns.column(0).cast(pa.string()).cast(pa.binary())
         if self.format == "json":
-            return pa.array(
-                [
-                    json.dumps(
-                        row, default=_json_default, separators=(",", ":"), ensure_ascii=False
-                    ).encode()
-                    for row in columns.to_pylist()
-                ],
-                pa.binary(),
-            )
+            return json_values.encode(columns)
         return pa.array(
             [_ipc_row(columns.slice(i, 1)) for i in range(columns.num_rows)], pa.binary()
         )

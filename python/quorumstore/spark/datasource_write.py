@@ -48,7 +48,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructType
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from quorumstore.data_client import DataClientError
 from quorumstore.spark.datasource_options import QuorumstoreOptionError, SourceOptions, connect
@@ -75,18 +75,6 @@ class QuorumstoreWriteError(PySparkRuntimeError):
         super().__init__(
             message=message, errorClass="QUORUMSTORE_WRITE_FAILED", messageParameters={}
         )
-
-
-def _has_non_string_map_key(data_type: DataType) -> bool:
-    if isinstance(data_type, MapType):
-        return not isinstance(data_type.keyType, StringType) or _has_non_string_map_key(
-            data_type.valueType
-        )
-    if isinstance(data_type, StructType):
-        return any(_has_non_string_map_key(f.dataType) for f in data_type.fields)
-    if isinstance(data_type, ArrayType):
-        return _has_non_string_map_key(data_type.elementType)
-    return False
 
 
 class RowEncoder:
@@ -134,11 +122,6 @@ class RowEncoder:
                     f"{actual.simpleString()}; cast it, or choose another valueFormat",
                 )
         value_schema = StructType([by_name[c] for c in columns])
-        if fmt == "json" and _has_non_string_map_key(value_schema):
-            raise QuorumstoreOptionError(
-                "QUORUMSTORE_INVALID_SCHEMA",
-                "valueFormat json cannot write maps with non-string keys",
-            )
         try:
             self.codec = ValueCodec(fmt, value_schema if fmt in TYPED_FORMATS else None)
         except SchemaError as e:

@@ -1,0 +1,241 @@
+"""Values stored as JSON objects (``valueFormat json``), in the JSON Spark's own
+``to_json`` writes and ``from_json`` reads.
+
+One object per value, one member per value column. Dates, timestamps and decimals are
+written as strings (ISO 8601 and decimal text); decimals are read from numbers too.
+Binary is base64 text, maps are JSON objects, so map keys must be strings.
+
+Decoding is columnar: pyarrow's JSON reader parses every column it can, and base64 is
+decoded for the whole column at once. pyarrow cannot parse JSON objects into maps, so a
+column that holds a map somewhere is decoded row by row with the `json` module.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import decimal
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
+
+_PAD = ord("=")
+
+
+def non_string_map_key(data_type: DataType) -> MapType | None:
+    """The first map in `data_type` whose keys are not strings: JSON object keys are."""
+    if isinstance(data_type, MapType):
+        if not isinstance(data_type.keyType, StringType):
+            return data_type
+        return non_string_map_key(data_type.valueType)
+    if isinstance(data_type, StructType):
+        for f in data_type.fields:
+            found = non_string_map_key(f.dataType)
+            if found is not None:
+                return found
+    if isinstance(data_type, ArrayType):
+        return non_string_map_key(data_type.elementType)
+    return None
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def _default(value: object) -> object:
+    if isinstance(value, datetime.date):  # datetime.datetime too
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError(f"cannot write {type(value).__name__} values as JSON")
+
+
+def encode(columns: pa.RecordBatch) -> pa.Array:
+    """Each row of `columns` as one JSON object (binary)."""
+    return pa.array(
+        [
+            json.dumps(row, default=_default, separators=(",", ":"), ensure_ascii=False).encode()
+            for row in columns.to_pylist(maps_as_pydicts="strict")
+        ],
+        pa.binary(),
+    )
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _has_map(t: pa.DataType) -> bool:
+    if pa.types.is_map(t):
+        return True
+    if pa.types.is_list(t):
+        return _has_map(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_has_map(f.type) for f in t)
+    return False
+
+
+def _read_type(t: pa.DataType) -> pa.DataType:
+    """The type pyarrow's JSON reader parses for `t`: dates and binary come as strings."""
+    if pa.types.is_date(t) or pa.types.is_binary(t):
+        return pa.string()
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _read_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _read_type(f.type)) for f in t])
+    return t
+
+
+def base64_decoded(text: pa.Array) -> pa.Array:
+    """Base64 strings (with padding, as Spark and Python write them) -> their bytes.
+
+    The whole column is decoded by one `binascii` call: every value is a whole number of
+    4-character groups, so the column's characters, with each value's padding replaced by
+    'A', decode together; the padding's bytes are then dropped.
+    """
+    valid = text.is_valid()
+    filled = text.fill_null("").cast(pa.string())
+    offsets = np.frombuffer(filled.buffers()[1], np.int32)[
+        filled.offset : filled.offset + len(filled) + 1
+    ].astype(np.int64)
+    lengths = np.diff(offsets)
+    if np.any(lengths % 4):
+        row = int(np.flatnonzero(lengths % 4)[0])
+        raise ValueError(
+            f"binary value {filled[row].as_py()!r} is not base64 (its length is not a multiple of 4)"
+        )
+    chars = np.frombuffer(filled.buffers()[2] or b"", np.uint8)[offsets[0] : offsets[-1]]
+    ends = offsets[1:] - offsets[0]
+    nonempty = lengths > 0
+    pad = np.zeros(len(lengths), np.int64)
+    pad[nonempty] = (chars[ends[nonempty] - 1] == _PAD).astype(np.int64) + (
+        chars[ends[nonempty] - 2] == _PAD
+    ).astype(np.int64)
+    if int(np.count_nonzero(chars == _PAD)) != int(pad.sum()):
+        raise ValueError("a binary value is not base64: '=' appears before its end")
+    try:
+        decoded = np.frombuffer(
+            binascii.a2b_base64(
+                np.where(chars == _PAD, ord("A"), chars).tobytes(), strict_mode=True
+            ),
+            np.uint8,
+        )
+    except binascii.Error as e:
+        raise ValueError(f"a binary value is not base64: {e}") from None
+    decoded_ends = ends // 4 * 3
+    keep = np.ones(len(decoded), bool)
+    keep[decoded_ends[pad >= 1] - 1] = False
+    keep[decoded_ends[pad == 2] - 2] = False
+    sizes = lengths // 4 * 3 - pad
+    new_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    data = decoded[keep]
+    out = pa.Array.from_buffers(
+        pa.binary(), len(filled), [None, pa.py_buffer(new_offsets), pa.py_buffer(data)]
+    )
+    return out if text.null_count == 0 else pc.if_else(valid, out, pa.scalar(None, pa.binary()))
+
+
+def _unbase64(array: pa.Array, t: pa.DataType) -> pa.Array:
+    """`array` as read for `t` (`_read_type`), with every binary leaf base64-decoded."""
+    if pa.types.is_binary(t):
+        return base64_decoded(array)
+    if pa.types.is_list(t):
+        values = _unbase64(array.values, t.value_type)
+        return pa.ListArray.from_arrays(array.offsets, values, mask=array.is_null())
+    if pa.types.is_struct(t):
+        children = [_unbase64(array.field(f.name), f.type) for f in t]
+        return pa.StructArray.from_arrays(children, names=[f.name for f in t], mask=array.is_null())
+    return array
+
+
+def _python_converter(t: pa.DataType) -> Callable[[Any], object]:
+    """A function from `json.loads` output to what `pa.array(..., type=t)` takes."""
+    if pa.types.is_map(t):
+        key, item = _python_converter(t.key_type), _python_converter(t.item_type)
+
+        def to_map(v: Any) -> object:
+            if v is None:
+                return None
+            if not isinstance(v, dict):
+                raise TypeError(f"expected a JSON object for a map, got {v!r}")
+            return [(key(k), item(x)) for k, x in v.items()]
+
+        return to_map
+    if pa.types.is_list(t):
+        element = _python_converter(t.value_type)
+        return lambda v: None if v is None else [element(x) for x in v]
+    if pa.types.is_struct(t):
+        fields = [(f.name, _python_converter(f.type)) for f in t]
+
+        def to_struct(v: Any) -> object:
+            if v is None:
+                return None
+            if not isinstance(v, dict):
+                raise TypeError(f"expected a JSON object for a struct, got {v!r}")
+            return {name: convert(v.get(name)) for name, convert in fields}
+
+        return to_struct
+    if pa.types.is_binary(t):
+        return lambda v: None if v is None else base64.b64decode(v, validate=True)
+    if pa.types.is_date(t):
+        return lambda v: None if v is None else datetime.date.fromisoformat(v)
+    if pa.types.is_timestamp(t):
+        return lambda v: None if v is None else datetime.datetime.fromisoformat(v)
+    if pa.types.is_decimal(t):
+        return lambda v: None if v is None else decimal.Decimal(str(v))
+    if pa.types.is_floating(t):
+        return lambda v: None if v is None else float(v)
+    return lambda v: v
+
+
+def _decode_rows(objects: list[dict[str, object]], field: pa.Field) -> pa.Array:
+    convert = _python_converter(field.type)
+    return pa.array([convert(o.get(field.name)) for o in objects], field.type)
+
+
+def decode(values: pa.Array, schema: pa.Schema, described: str) -> list[pa.Array]:
+    """Non-null JSON object values -> one array per field of `schema` (`described` names
+    the schema in errors)."""
+    if len(values) == 0:
+        return [pa.array([], f.type) for f in schema]
+    filled = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(b"{}"), values)
+    lines = filled.to_pylist()
+    columnar = [f for f in schema if not _has_map(f.type)]
+    out: dict[str, pa.Array] = {}
+    try:
+        if columnar:
+            read_schema = pa.schema([f.with_type(_read_type(f.type)) for f in columnar])
+            options = pa_json.ParseOptions(
+                explicit_schema=read_schema,
+                unexpected_field_behavior="ignore",
+                newlines_in_values=True,
+            )
+            table = pa_json.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
+            if table.num_rows != len(values):
+                raise ValueError(
+                    f"{len(values)} values decoded into {table.num_rows} JSON objects: every "
+                    "value must be exactly one JSON object"
+                )
+            for f in columnar:
+                read = table.column(f.name).combine_chunks()
+                out[f.name] = _unbase64(read, f.type).cast(f.type)
+        by_rows = [f for f in schema if _has_map(f.type)]
+        if by_rows:
+            objects = [json.loads(line) for line in lines]
+            if not all(isinstance(o, dict) for o in objects):
+                raise ValueError("every value must be exactly one JSON object")
+            for f in by_rows:
+                out[f.name] = _decode_rows(objects, f)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as e:
+        raise ValueError(
+            f"cannot decode values as JSON objects with valueSchema {described}: {e}"
+        ) from None
+    return [out[f.name] for f in schema]
