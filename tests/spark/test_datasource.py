@@ -135,16 +135,15 @@ def test_values_as_json_decode_into_typed_columns(spark: SparkSession, address: 
     )
 
 
-def test_json_values_of_every_type_match_sparks_own_json(spark: SparkSession, address: str) -> None:
-    """Binary, maps, dates, timestamps and decimals, nested too: what a json write stores
-    reads back as it was, and Spark's from_json of the stored text agrees, as does our
-    read of text Spark's to_json wrote."""
-    prefix = unique("typed")
-    ddl = (
-        "blob BINARY, at TIMESTAMP, day DATE, price DECIMAL(10,2), "
-        "attrs MAP<STRING, BINARY>, parts ARRAY<STRUCT<name: STRING, data: BINARY>>"
-    )
-    source = spark.range(6).select(
+TYPED_DDL = (
+    "blob BINARY, at TIMESTAMP, day DATE, price DECIMAL(10,2), "
+    "attrs MAP<STRING, BINARY>, parts ARRAY<STRUCT<name: STRING, data: BINARY>>"
+)
+
+
+def typed_frame(spark: SparkSession, prefix: str) -> DataFrame:
+    """Six rows of TYPED_DDL's columns: binary, maps, dates, timestamps, decimals, nested."""
+    return spark.range(6).select(
         F.format_string(f"{prefix}%02d", "id").alias("key"),
         F.expr("substring(unhex(sha2(cast(id as string), 256)), 1, cast(id as int))").alias("blob"),
         F.expr("timestamp_millis(1700000000000 + id * 1001)").alias("at"),  # to_json writes ms
@@ -155,6 +154,14 @@ def test_json_values_of_every_type_match_sparks_own_json(spark: SparkSession, ad
             "array(named_struct('name', 'p', 'data', unhex(repeat('ab', cast(id as int)))))"
         ).alias("parts"),
     )
+
+
+def test_json_values_of_every_type_match_sparks_own_json(spark: SparkSession, address: str) -> None:
+    """What a json write stores reads back as it was, and Spark's from_json of the stored
+    text agrees, as does our read of text Spark's to_json wrote."""
+    prefix = unique("typed")
+    ddl = TYPED_DDL
+    source = typed_frame(spark, prefix)
     source.write.format("quorumstore").option("address", address).option(
         "valueFormat", "json"
     ).mode("append").save()
@@ -176,6 +183,20 @@ def test_json_values_of_every_type_match_sparks_own_json(spark: SparkSession, ad
         F.regexp_replace("key", spark_prefix, prefix).alias("key"), *columns[1:]
     )
     assert sorted(renamed.collect()) == expected
+
+
+def test_arrow_values_of_every_type_round_trip(spark: SparkSession, address: str) -> None:
+    prefix = unique("typed-arrow")
+    source = typed_frame(spark, prefix)
+    source.write.format("quorumstore").option("address", address).option(
+        "valueFormat", "arrow"
+    ).mode("append").save()
+    back = read(spark, address, keyPrefix=prefix, valueFormat="arrow", valueSchema=TYPED_DDL)
+    assert sorted(back.select(*source.columns).collect()) == sorted(source.collect())
+    some = read(spark, address, keyPrefix=prefix, valueFormat="arrow", valueSchema="day DATE")
+    assert sorted(some.select("key", "day").collect()) == sorted(
+        source.select("key", "day").collect()
+    )
 
 
 # ------------------------------------------------------------------ pushdown

@@ -7,7 +7,7 @@
   encodes the value columns of each row as one object, as Spark's ``to_json`` does
   (see `json_values`).
 - ``arrow``: one Arrow IPC stream holding a one-row record batch per value; the same
-  columns as ``json``, with exact types.
+  columns as ``json``, with exact types (see `arrow_values`).
 
 `valueSchema` is parsed here, not by Spark's SQL parser (which is out of reach in the
 Python processes that plan a data source), so that a bad schema is reported as such.
@@ -49,7 +49,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from quorumstore.spark import json_values
+from quorumstore.spark import arrow_values, json_values
 
 FORMATS = ("binary", "string", "json", "arrow")
 #: Formats whose values hold several typed columns.
@@ -195,13 +195,6 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def _ipc_row(batch: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
 class ValueCodec:
     """Encodes value columns into stored values and decodes them back (see the module docstring)."""
 
@@ -258,7 +251,7 @@ class ValueCodec:
         columns = (
             json_values.decode(compact, self.arrow, self.schema.simpleString())
             if self.format == "json"
-            else self._decode_arrow(compact)
+            else arrow_values.decode(compact, self.arrow)
         )
         if len(compact) == len(values):
             return columns
@@ -266,28 +259,6 @@ class ValueCodec:
         index = pc.subtract(pc.cumulative_sum(present.cast(pa.int64())), 1)
         index = pc.if_else(present, index, pa.scalar(None, pa.int64()))
         return [column.take(index) for column in columns]
-
-    def _decode_arrow(self, values: pa.Array) -> list[pa.Array]:
-        rows = []
-        for data in values.to_pylist():
-            try:
-                table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-            except pa.ArrowInvalid as e:
-                raise ValueError(
-                    f"a value is not an Arrow IPC stream (valueFormat arrow): {e}"
-                ) from None
-            if table.num_rows != 1:
-                raise ValueError(f"an Arrow value holds {table.num_rows} rows; it must hold one")
-            missing = [f.name for f in self.arrow if f.name not in table.column_names]
-            if missing:
-                raise ValueError(
-                    f"an Arrow value has no column(s) {missing}; it has {table.column_names}"
-                )
-            rows.append(table.select(self.arrow.names).cast(self.arrow))
-        if not rows:
-            return [pa.array([], f.type) for f in self.arrow]
-        table = pa.concat_tables(rows)
-        return [table.column(i).combine_chunks() for i in range(table.num_columns)]
 
     # -------------------------------------------------------------- encoding
 
@@ -299,9 +270,7 @@ class ValueCodec:
             return columns.column(0).cast(pa.string()).cast(pa.binary())
         if self.format == "json":
             return json_values.encode(columns)
-        return pa.array(
-            [_ipc_row(columns.slice(i, 1)) for i in range(columns.num_rows)], pa.binary()
-        )
+        return arrow_values.encode(columns)
 
 
 def value_columns(fmt: str, names: Sequence[str], chosen: Sequence[str] | None) -> list[str]:

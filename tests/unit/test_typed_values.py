@@ -1,5 +1,5 @@
-"""JSON values (``valueFormat json``): what a write stores, a read decodes, and JSON
-written by Spark's own ``to_json`` reads back."""
+"""Typed values (``valueFormat json`` and ``arrow``): what a write stores, what a read
+decodes, JSON written by Spark's own ``to_json``, and Arrow values from other writers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import random
 import pyarrow as pa
 import pytest
 
+from quorumstore.spark.arrow_values import NotArrowValue
 from quorumstore.spark.datasource_values import SchemaError, ValueCodec, parse_schema
 from quorumstore.spark.json_values import base64_decoded
 
@@ -23,8 +24,8 @@ SCHEMA = (
 )
 
 
-def codec(ddl: str = SCHEMA) -> ValueCodec:
-    return ValueCodec("json", parse_schema(ddl))
+def codec(ddl: str = SCHEMA, fmt: str = "json") -> ValueCodec:
+    return ValueCodec(fmt, parse_schema(ddl))
 
 
 def full_row(i: int) -> dict[str, object]:
@@ -44,8 +45,9 @@ def full_row(i: int) -> dict[str, object]:
     }
 
 
-def test_every_type_round_trips_through_json_with_nulls_at_every_level() -> None:
-    c = codec()
+@pytest.mark.parametrize("fmt", ["json", "arrow"])
+def test_every_type_round_trips_with_nulls_at_every_level(fmt: str) -> None:
+    c = codec(fmt=fmt)
     rows = [full_row(i) for i in range(9)]
     rows.append(dict.fromkeys(full_row(0)))  # every column null
     rows.append({**full_row(1), "s": {"x": None, "y": None, "z": None}, "tags": None, "m": []})
@@ -122,3 +124,71 @@ def test_a_map_member_that_is_not_an_object_is_a_clear_error() -> None:
 def test_maps_with_keys_json_cannot_hold_are_refused_when_the_schema_is_given() -> None:
     with pytest.raises(SchemaError, match="cast the map's keys to string"):
         codec("s STRUCT<m: MAP<INT, STRING>>")
+
+
+# ------------------------------------------------------------------ arrow
+
+
+def ipc_stream(table: pa.Table) -> bytes:
+    """A value as any Arrow writer would store it: one IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_each_arrow_value_is_a_stream_any_arrow_reader_reads_alone() -> None:
+    c = codec(fmt="arrow")
+    rows = [full_row(i) for i in range(5)]
+    stored = c.encode(pa.RecordBatch.from_pylist(rows, schema=c.arrow))
+    for i, value in enumerate(stored.to_pylist()):
+        alone = pa.ipc.open_stream(value).read_all()
+        assert repr(alone.to_pylist()) == repr(pa.Table.from_pylist([rows[i]], c.arrow).to_pylist())
+
+
+def test_arrow_values_of_other_writers_and_schemas_decode_in_their_order() -> None:
+    c = codec("name STRING, age BIGINT", fmt="arrow")
+    ours = c.encode(
+        pa.RecordBatch.from_pylist([{"name": "a", "age": 1}, {"name": "b", "age": 2}], c.arrow)
+    )
+    narrower = ipc_stream(pa.table({"age": pa.array([3], pa.int32()), "name": ["c"]}))
+    wider = ipc_stream(pa.table({"name": ["d"], "age": [4], "extra": [True]}))
+    values = pa.array([ours[0].as_py(), narrower, wider, ours[1].as_py(), narrower, None])
+    decoded = pa.Table.from_arrays(c.decode(values), schema=c.arrow).to_pylist()
+    assert decoded == [
+        {"name": "a", "age": 1},
+        {"name": "c", "age": 3},
+        {"name": "d", "age": 4},
+        {"name": "b", "age": 2},
+        {"name": "c", "age": 3},
+        {"name": None, "age": None},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (b"not arrow at all", "not an Arrow IPC stream"),
+        (ipc_stream(pa.table({"name": ["x", "y"], "age": [1, 2]})), "one batch of one row"),
+        (ipc_stream(pa.table({"name": ["x"]})), r"no column\(s\) \['age'\]"),
+        (ipc_stream(pa.table({"name": ["x"], "age": ["old"]})), "do not cast"),
+    ],
+    ids=["not-ipc", "two-rows", "missing-column", "uncastable"],
+)
+def test_a_value_that_is_not_one_arrow_row_is_a_clear_error(value: bytes, why: str) -> None:
+    c = codec("name STRING, age BIGINT", fmt="arrow")
+    good = c.encode(pa.RecordBatch.from_pylist([{"name": "a", "age": 1}], c.arrow))[0].as_py()
+    with pytest.raises(NotArrowValue, match=why):
+        c.decode(pa.array([good, value]))
+
+
+def test_an_arrow_value_holds_only_its_own_row_when_its_list_is_empty() -> None:
+    # A one-row slice whose list is empty makes pyarrow's IPC writer write the list's
+    # whole child data; every value would then carry the rows of its whole batch.
+    c = codec("tags ARRAY<STRING>, m MAP<STRING, INT>", fmt="arrow")
+    rows = [{"tags": ["x" * 100] * (i % 2), "m": [("k", i)] * (i % 2)} for i in range(2000)]
+    stored = c.encode(pa.RecordBatch.from_pylist(rows, schema=c.arrow))
+    assert max(len(v) for v in stored.to_pylist()) < 2000
+    assert pa.Table.from_arrays(c.decode(stored), schema=c.arrow).to_pylist() == [
+        {"tags": r["tags"], "m": r["m"]} for r in rows
+    ]
