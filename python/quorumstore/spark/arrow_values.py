@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from quorumstore.spark.arrow_types import holds
+
 #: The IPC stream's end marker: a continuation token and a zero metadata length.
 _END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _CONTINUATION = b"\xff\xff\xff\xff"
@@ -24,27 +26,21 @@ class NotArrowValue(ValueError):
     """A stored value is not an Arrow IPC stream of one row."""
 
 
-def _has_lists(t: pa.DataType) -> bool:
-    if pa.types.is_list(t) or pa.types.is_map(t):
-        return True
-    if pa.types.is_struct(t):
-        return any(_has_lists(f.type) for f in t)
-    return False
+def _is_list_or_map(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_map(t)
 
 
-def _stream(table: pa.Table | pa.RecordBatch, max_chunksize: int | None = None) -> pa.Buffer:
+def _stream(batch: pa.RecordBatch, max_chunksize: int | None = None) -> pa.Buffer:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(pa.Table.from_batches([table]), max_chunksize=max_chunksize)
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_table(pa.Table.from_batches([batch]), max_chunksize=max_chunksize)
     return sink.getvalue()
 
 
 def encode(columns: pa.RecordBatch) -> pa.Array:
-    """Each row of `columns` as one Arrow IPC stream (binary)."""
+    """Each row of `columns` (at least one) as one Arrow IPC stream (binary)."""
     n = columns.num_rows
-    if n == 0:
-        return pa.array([], pa.binary())
-    if any(_has_lists(f.type) for f in columns.schema):
+    if any(holds(f.type, _is_list_or_map) for f in columns.schema):
         # pyarrow's IPC writer writes the whole of a list's child data for a one-row slice
         # whose list is empty or null (a zero-length slice of the child), so each row is
         # copied out on its own first: a value then holds only its own row.
@@ -105,13 +101,11 @@ def _read_group(values: pa.Array, schema_message: bytes) -> pa.Table:
 
 
 def decode(values: pa.Array, schema: pa.Schema) -> list[pa.Array]:
-    """Non-null Arrow IPC values -> one array per field of `schema`, row for row.
+    """Non-null Arrow IPC values (at least one) -> one array per field of `schema`, row for row.
 
     Values written with another schema (other columns, more of them, wider types) are
     read in their own group and cast; a missing column is an error.
     """
-    if len(values) == 0:
-        return [pa.array([], f.type) for f in schema]
     values = values.cast(pa.binary())
     pending = pa.array(np.arange(len(values), dtype=np.int64))
     rest = values

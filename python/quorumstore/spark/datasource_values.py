@@ -248,11 +248,12 @@ class ValueCodec:
                 raise ValueError(f"a value is not valid UTF-8 (valueFormat string): {e}") from None
         present = pc.is_valid(values)
         compact = values.filter(present)
-        columns = (
-            json_values.decode(compact, self.arrow, self.schema.simpleString())
-            if self.format == "json"
-            else arrow_values.decode(compact, self.arrow)
-        )
+        if len(compact) == 0:
+            columns = [pa.array([], f.type) for f in self.arrow]
+        elif self.format == "json":
+            columns = json_values.decode(compact, self.arrow, self.schema.simpleString())
+        else:
+            columns = arrow_values.decode(compact, self.arrow)
         if len(compact) == len(values):
             return columns
         # Rows with a null value get null columns: take() with a null index yields null.
@@ -268,6 +269,8 @@ class ValueCodec:
             return columns.column(0).cast(pa.binary())
         if self.format == "string":
             return columns.column(0).cast(pa.string()).cast(pa.binary())
+        if columns.num_rows == 0:
+            return pa.array([], pa.binary())
         if self.format == "json":
             return json_values.encode(columns)
         return arrow_values.encode(columns)

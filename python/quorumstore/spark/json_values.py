@@ -16,7 +16,6 @@ import base64
 import binascii
 import datetime
 import decimal
-import io
 import json
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
+
+from quorumstore.spark.arrow_types import holds
 
 _PAD = ord("=")
 
@@ -71,16 +72,6 @@ def encode(columns: pa.RecordBatch) -> pa.Array:
 
 
 # ------------------------------------------------------------------ decoding
-
-
-def _has_map(t: pa.DataType) -> bool:
-    if pa.types.is_map(t):
-        return True
-    if pa.types.is_list(t):
-        return _has_map(t.value_type)
-    if pa.types.is_struct(t):
-        return any(_has_map(f.type) for f in t)
-    return False
 
 
 def _read_type(t: pa.DataType) -> pa.DataType:
@@ -201,14 +192,19 @@ def _decode_rows(objects: list[dict[str, object]], field: pa.Field) -> pa.Array:
     return pa.array([convert(o.get(field.name)) for o in objects], field.type)
 
 
+def _lines(values: pa.Array) -> pa.BufferReader:
+    """The values as one newline-separated text, joined by an Arrow kernel."""
+    joined = pc.binary_join_element_wise(values, pa.scalar(b"\n"), b"")
+    offsets = np.frombuffer(joined.buffers()[1], np.int32)
+    first, last = int(offsets[0]), int(offsets[len(joined)])
+    return pa.BufferReader(joined.buffers()[2].slice(first, last - first))
+
+
 def decode(values: pa.Array, schema: pa.Schema, described: str) -> list[pa.Array]:
-    """Non-null JSON object values -> one array per field of `schema` (`described` names
-    the schema in errors)."""
-    if len(values) == 0:
-        return [pa.array([], f.type) for f in schema]
+    """Non-null JSON object values (at least one) -> one array per field of `schema`
+    (`described` names the schema in errors)."""
     filled = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(b"{}"), values)
-    lines = filled.to_pylist()
-    columnar = [f for f in schema if not _has_map(f.type)]
+    columnar = [f for f in schema if not holds(f.type, pa.types.is_map)]
     out: dict[str, pa.Array] = {}
     try:
         if columnar:
@@ -218,7 +214,7 @@ def decode(values: pa.Array, schema: pa.Schema, described: str) -> list[pa.Array
                 unexpected_field_behavior="ignore",
                 newlines_in_values=True,
             )
-            table = pa_json.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
+            table = pa_json.read_json(_lines(filled), parse_options=options)
             if table.num_rows != len(values):
                 raise ValueError(
                     f"{len(values)} values decoded into {table.num_rows} JSON objects: every "
@@ -227,9 +223,9 @@ def decode(values: pa.Array, schema: pa.Schema, described: str) -> list[pa.Array
             for f in columnar:
                 read = table.column(f.name).combine_chunks()
                 out[f.name] = _unbase64(read, f.type).cast(f.type)
-        by_rows = [f for f in schema if _has_map(f.type)]
+        by_rows = [f for f in schema if holds(f.type, pa.types.is_map)]
         if by_rows:
-            objects = [json.loads(line) for line in lines]
+            objects = [json.loads(line) for line in filled.to_pylist()]
             if not all(isinstance(o, dict) for o in objects):
                 raise ValueError("every value must be exactly one JSON object")
             for f in by_rows:
