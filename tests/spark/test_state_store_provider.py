@@ -484,6 +484,89 @@ def test_maintenance_snapshots_and_drops_old_versions(jvm: Jvm) -> None:
         jvm.store(jvm.provider(PROVIDER_CLASS, "retention", spec, **confs), 3)
 
 
+def _changes(jvm: Jvm, reader: object) -> list[tuple]:
+    out = []
+    while reader.hasNext():
+        change = reader.next()
+        value = change._3()
+        out.append(
+            (
+                change._1().toString(),
+                (change._2().getUTF8String(0).toString(), change._2().getInt(1)),
+                None if value is None else value.getInt(0),
+                change._4(),
+            )
+        )
+    return out
+
+
+def test_change_feed_of_versions_like_rocksdb(jvm: Jvm) -> None:
+    """The puts and deletes of each version, with its batch id, as RocksDB's changelog
+    reader gives them; deltas of many small chunks are read across several requests."""
+
+    def scenario(cls: str, name: str) -> object:
+        spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+        confs = {
+            "sql_confs": {
+                "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"
+            },
+            "quorum_confs": {
+                "spark.quorumstore.stateStore.chunkBytes": "64",
+                "spark.quorumstore.stateStore.maxWriteBytes": "200",
+            },
+        }
+        provider = jvm.provider(cls, name, spec, **confs)
+        for version in range(4):
+            store = jvm.store(provider, version)
+            for n in range(version, version + 40):
+                store.put(jvm.row("k", n), jvm.row(n * 10 + version), "default")
+            if version == 2:
+                store.remove(jvm.row("k", 0), "default")
+            store.commit()
+        fresh = jvm.provider(cls, name, spec, **confs)
+        # Within a version RocksDB gives the changes in the order they were made, quorumstore
+        # in key order (the delta it stored).
+        return (
+            sorted(
+                _changes(jvm, fresh.getStateStoreChangeDataReader(2, 4, jvm.none, jvm.none)),
+                key=lambda c: (c[3], c[1]),
+            ),
+            sorted(
+                _changes(jvm, fresh.getStateStoreChangeDataReader(1, 1, jvm.none, jvm.none)),
+                key=lambda c: (c[3], c[1]),
+            ),
+        )
+
+    results = _each_provider(jvm, "change-feed", scenario)
+    assert results["quorumstore"] == results["rocksdb"]
+    later, first = results["quorumstore"]
+    assert len(first) == 40 and {c[3] for c in first} == {0}
+    assert ("delete_record", ("k", 0), None, 2) in later
+    assert [c[3] for c in later] == [1] * 40 + [2] * 41 + [3] * 40
+
+
+def test_state_replayed_from_a_chosen_snapshot(jvm: Jvm) -> None:
+    """snapshotStartBatchId's call: a version rebuilt from the snapshot named and the deltas
+    after it; a version without a snapshot is refused, naming it."""
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    confs = {"quorum_confs": {"spark.quorumstore.stateStore.snapshotInterval": "2"}}
+    provider = jvm.provider(PROVIDER_CLASS, "replay", spec, **confs)
+    for version in range(6):
+        store = jvm.store(provider, version)
+        store.put(jvm.row("k", version), jvm.row(version), "default")
+        if version == 3:
+            store.remove(jvm.row("k", 0), "default")
+        store.commit()
+        if version + 1 == 2:
+            provider.doMaintenance()  # the only snapshot: version 2
+    fresh = jvm.provider(PROVIDER_CLASS, "replay", spec, **confs)
+    store = fresh.replayReadStateFromSnapshot(2, 5, jvm.none, jvm.none)
+    assert [k[1] for k, _ in jvm.rows(store.iterator("default"))] == [1, 2, 3, 4]
+    store.abort()
+    with pytest.raises(Exception, match="no snapshot of version 3"):
+        fresh.replayReadStateFromSnapshot(3, 5, jvm.none, jvm.none)
+
+
 def test_a_load_reads_its_chunks_a_few_at_a_time(jvm: Jvm) -> None:
     """Chunks above the load's read size: every chunk of every delta is its own read."""
     spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
@@ -885,6 +968,50 @@ def test_apply_in_pandas_with_state(spark: SparkSession, tmp_path: Path) -> None
         )
 
     _compare(spark, tmp_path, build, "update")
+
+
+def test_sparks_state_data_source_reads_state_and_changes_like_rocksdb(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """`spark.read.format("statestore")` over each provider's checkpoint: every partition's
+    state at the last and at an earlier batch, and the change feed (puts, and the deletes of
+    windows the watermark evicted), row for row as with RocksDB."""
+
+    def build(run: Run) -> DataFrame:
+        return (
+            run.source("events", _keys_batches(batches=4))
+            .withWatermark("ts", "5 seconds")
+            .groupBy(F.window("ts", "5 seconds"), "k")
+            .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        )
+
+    runs = _compare(spark, tmp_path, build, "update")
+
+    def read(run: Run, **options: object) -> list:
+        reader = spark.read.format("statestore")
+        for key, value in options.items():
+            reader = reader.option(key, str(value))
+        return [_as_text(r) for r in reader.load(str(run.root / "checkpoint")).collect()]
+
+    def net(changes: list) -> list:
+        """The last change of each key in each batch and partition. RocksDB's changelog
+        lists every put and delete in the order made (an evicted window updated in the same
+        batch shows twice); quorumstore stores, and gives, each batch's net change."""
+        last = {(c[0], c[-1], c[2]): c for c in changes}
+        return sorted(last.values())
+
+    views = {
+        short: (
+            sorted(read(run)),
+            sorted(read(run, batchId=1)),
+            net(read(run, readChangeFeed="true", changeStartBatchId=0)),
+        )
+        for short, run in runs.items()
+    }
+    assert views["quorumstore"] == views["rocksdb"]
+    state, _, changes = views["quorumstore"]
+    assert {row[-1] for row in state} == {"0", "1"}, "both partitions' state"
+    assert {row[1] for row in changes} == {"update", "delete"}
 
 
 def test_restart_from_checkpoint_continues(spark: SparkSession, tmp_path: Path) -> None:

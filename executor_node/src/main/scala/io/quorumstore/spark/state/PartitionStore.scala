@@ -90,19 +90,11 @@ final class PartitionStore(
     if (version == 0) {
       return Loaded(LocalCopy(0L, "", new StateMap(conf.localDir)), fromStore = false, None)
     }
-    val top = uniqueId.map(u => (version, u)).orElse(head.filter(_.version >= version)
-      .map(h => (h.version, h.uid))).getOrElse {
-      missing(version, s"the latest committed version is ${head.map(_.version).getOrElse("none")}")
-    }
+    val top = topOf(version, uniqueId, head)
     if (top._1 == version && local.exists(l => (l.version, l.uid) == top)) {
       return Loaded(local.get, fromStore = false, None)
     }
-    val (deltas, snapshots) = headers(top._1 + 1)
-    val fromTop = chain(top, deltas)
-    if (fromTop.size <= top._1 - version) {
-      missing(version, s"the delta of version ${fromTop.last._1} (id ${fromTop.last._2}) is gone")
-    }
-    val lineage = fromTop.drop((top._1 - version).toInt)
+    val Lineage(lineage, deltas, snapshots) = lineageOf(version, top)
     val target = lineage.head
     val localAt = local.map(l => lineage.indexOf((l.version, l.uid))).filter(_ >= 0)
     if (localAt.contains(0)) return Loaded(local.get, fromStore = false, None)
@@ -120,6 +112,81 @@ final class PartitionStore(
     applyDeltas(lineage.take(startAt), deltas, base)
     base.finishLoading()
     Loaded(LocalCopy(version, target._2, base), fromStore = true, snapshotVersion)
+  }
+
+  /** The commit `version` is found from: the checkpoint id given, else the head's lineage. */
+  private def topOf(version: Long, uniqueId: Option[String], head: Option[Head]): (Long, String) =
+    uniqueId.map(u => (version, u)).orElse(head.filter(_.version >= version)
+      .map(h => (h.version, h.uid))).getOrElse {
+      missing(version, s"the latest committed version is ${head.map(_.version).getOrElse("none")}")
+    }
+
+  /** `version`'s lineage (from it downwards, as far as delta headers reach) below `top`. */
+  private def lineageOf(version: Long, top: (Long, String)): Lineage = {
+    val (deltas, snapshots) = headers(top._1 + 1)
+    val fromTop = chain(top, deltas)
+    if (fromTop.size <= top._1 - version) {
+      missing(version, s"the delta of version ${fromTop.last._1} (id ${fromTop.last._2}) is gone")
+    }
+    Lineage(fromTop.drop((top._1 - version).toInt), deltas, snapshots)
+  }
+
+  /**
+   * Version `version` rebuilt from the snapshot of version `snapshotVersion` on its lineage
+   * and the deltas after it, never from the local copy or another snapshot: what Spark's
+   * state data source asks for with `snapshotStartBatchId`.
+   */
+  def replayFromSnapshot(
+      snapshotVersion: Long,
+      version: Long,
+      snapshotUid: Option[String],
+      uniqueId: Option[String]): LocalCopy = {
+    if (snapshotVersion < 1 || snapshotVersion > version) {
+      throw new IllegalArgumentException(s"cannot replay version $version of state partition " +
+        s"$pk from the snapshot of version $snapshotVersion: the snapshot must be of a version " +
+        s"from 1 to $version")
+    }
+    val Lineage(lineage, deltas, snapshots) =
+      lineageOf(version, topOf(version, uniqueId, uniqueId.fold(readHead().map(_._1))(_ => None)))
+    val at = (version - snapshotVersion).toInt
+    val base = lineage.lift(at).filter(p => snapshots.contains(p) && snapshotUid.forall(_ == p._2))
+      .getOrElse(missing(version, s"there is no snapshot of version $snapshotVersion on its " +
+        s"lineage${snapshotUid.fold("")(u => s" with checkpoint id $u")} (maintenance writes " +
+        "one every spark.quorumstore.stateStore.snapshotInterval versions)"))
+    val map = readSnapshot(base, snapshots(base))
+    applyDeltas(lineage.take(at), deltas, map)
+    map.finishLoading()
+    LocalCopy(version, lineage.head._2, map)
+  }
+
+  /**
+   * The changes committed by versions `from` to `to` (checkpoint id of `to`: `uniqueId`, or
+   * the head's lineage), oldest first, read 4 MiB of chunks at a time as the caller goes.
+   */
+  def changes(from: Long, to: Long, uniqueId: Option[String]): Iterator[Change] = {
+    if (from < 1 || from > to) {
+      throw new IllegalArgumentException(s"cannot read the changes of versions $from to $to " +
+        s"of state partition $pk: versions start at 1 and the range must not be empty")
+    }
+    val Lineage(lineage, deltas, _) =
+      lineageOf(to, topOf(to, uniqueId, uniqueId.fold(readHead().map(_._1))(_ => None)))
+    val commits = lineage.take((to - from + 1).toInt).reverse
+    commits.find(c => !deltas.contains(c)).foreach { case (v, u) =>
+      missing(v, s"the delta of version $v (id $u) is gone")
+    }
+    val perRead = math.max(1, PartitionStore.ReadBytes / conf.chunkBytes)
+    commits.iterator.flatMap { case commit @ (version, uid) =>
+      (1 to deltas(commit).chunks).grouped(perRead).flatMap { indexes =>
+        val records = client.read(pk, indexes.map(i => keys.chunk(Delta, version, uid, i)), timeout)
+        indexes.zip(records).flatMap {
+          case (_, Some(record)) =>
+            val collected = new ChangeCollector(version)
+            Codec.readChunk(record.value, collected)
+            collected.changes
+          case (index, None) => missing(version, s"chunk $index of delta $uid is gone")
+        }
+      }
+    }
   }
 
   private def readSnapshot(at: (Long, String), header: CommitHeader): StateMap = {
@@ -292,6 +359,26 @@ final class PartitionStore(
         }
     }
   }
+}
+
+/** A version's lineage (newest first) and the headers found while walking it. */
+private final case class Lineage(
+    commits: IndexedSeq[(Long, String)],
+    deltas: Map[(Long, String), CommitHeader],
+    snapshots: Map[(Long, String), CommitHeader])
+
+/** One change a version committed: a put of `value`, or a delete when it is null. */
+final case class Change(version: Long, family: String, key: Array[Byte], value: Array[Byte])
+
+/** Collects the puts and deletes of a delta chunk; family creation and removal are not rows. */
+private final class ChangeCollector(version: Long) extends Codec.Sink {
+  val changes = scala.collection.mutable.ArrayBuffer.empty[Change]
+  override def removeFamily(family: String): Unit = ()
+  override def createFamily(family: String): Unit = ()
+  override def put(family: String, key: Array[Byte], value: Array[Byte]): Unit =
+    changes += Change(version, family, key, value)
+  override def delete(family: String, key: Array[Byte]): Unit =
+    changes += Change(version, family, key, null)
 }
 
 object PartitionStore {

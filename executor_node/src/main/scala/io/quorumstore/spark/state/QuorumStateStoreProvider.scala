@@ -6,10 +6,13 @@ import java.util.concurrent.{ConcurrentHashMap, Semaphore, TimeUnit}
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
 
 import org.apache.spark.TaskContext
+import org.apache.spark.quorumstore.ChangeIterator
 import org.apache.spark.internal.Logging
-import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, StateSchemaProvider, StateStore, StateStoreConf, StateStoreCustomMetric, StateStoreErrors, StateStoreId, StateStoreProvider}
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, ReadStateStore, RecordType, StateSchemaProvider, StateStore, StateStoreConf, StateStoreCustomMetric, StateStoreErrors, StateStoreId, StateStoreProvider, SupportsFineGrainedReplay}
 import org.apache.spark.sql.types.StructType
 
 /**
@@ -21,8 +24,13 @@ import org.apache.spark.sql.types.StructType
  * The partition's state stays on the executor between micro-batches (the local copy), so a batch
  * on the same executor reads nothing but the head from the cluster; a task landing on a new
  * executor loads the newest snapshot and the deltas after it in bulk.
+ *
+ * Spark's state data source (`spark.read.format("statestore")`) reads the state of any
+ * retained version, its changes (`readChangeFeed`, from the stored deltas) and a version
+ * rebuilt from one chosen snapshot (`snapshotStartBatchId`).
  */
-class QuorumStateStoreProvider extends StateStoreProvider with Logging {
+class QuorumStateStoreProvider
+    extends StateStoreProvider with SupportsFineGrainedReplay with Logging {
   private var id: StateStoreId = _
   private var hadoopConf: Configuration = _
   private var conf: QuorumConf = _
@@ -62,12 +70,27 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     // Only a load in bulk writes there, which may come hours later (on a restart): a
     // directory that cannot be written to fails the query now, naming the setting.
     FamilyMap.localFile(conf.localDir).close()
+    markPartition(stateStoreId, hadoopConf)
     val client = QuorumClient.shared(conf.addresses, conf.namespace)
     partition = new PartitionStore(client,
       new StateKeys(PartitionKey(conf, stateStoreId, hadoopConf)), conf,
       stateStoreId.checkpointRootLocation)
     registerFamily(StateStore.DEFAULT_COL_FAMILY_NAME, keyStateEncoderSpec, valueSchema,
       useMultipleValuesPerKey)
+  }
+
+  /**
+   * Creates the store's directory in the state checkpoint, which holds nothing here: Spark's
+   * state data source finds a query's partitions by listing those directories, as the
+   * file-based providers leave them, and would read only those Spark made itself.
+   */
+  private def markPartition(stateStoreId: StateStoreId, hadoopConf: Configuration): Unit = {
+    val dir = new Path(stateStoreId.storeCheckpointLocation().toString)
+    try dir.getFileSystem(hadoopConf).mkdirs(dir)
+    catch {
+      case NonFatal(e) => logWarning(s"cannot create $dir ($e): Spark's state data source " +
+        s"will not list partition ${stateStoreId.partitionId} of this state")
+    }
   }
 
   override def stateStoreId: StateStoreId = id
@@ -137,9 +160,56 @@ class QuorumStateStoreProvider extends StateStoreProvider with Logging {
     val started = System.nanoTime()
     val head = if (uniqueId.isDefined || version == 0) None else partition.readHead().map(_._1)
     val copy = load(version, uniqueId, head, started)
+    readStore(version, copy)
+  }
+
+  private def readStore(version: Long, copy: LocalCopy): QuorumStateStore =
     new QuorumStateStore(this, version, copy.uid, new StateView(copy.map), seenHead = None,
       followsHead = false, readOnly = true, forceSnapshot = false, loadTimeMs = 0L,
       storeLoads = 0L)
+
+  /** A read-only store of `endVersion` rebuilt from the snapshot of `snapshotVersion`. */
+  override def replayStateFromSnapshot(
+      snapshotVersion: Long,
+      endVersion: Long,
+      readOnly: Boolean,
+      snapshotVersionStateStoreCkptId: Option[String],
+      endVersionStateStoreCkptId: Option[String]): StateStore = {
+    if (!readOnly) {
+      throw new UnsupportedOperationException("the quorumstore state store provider replays " +
+        "state from a snapshot for reading only (the state data source's snapshotStartBatchId)")
+    }
+    val copy = synchronized {
+      val replayed = partition.replayFromSnapshot(snapshotVersion, endVersion,
+        snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
+      local = Some(replayed)
+      replayed
+    }
+    readStore(endVersion, copy)
+  }
+
+  /**
+   * The puts and deletes committed by versions `startVersion` to `endVersion`, oldest first,
+   * each with its batch id (version - 1), as the RocksDB provider's changelog reader gives them.
+   */
+  override def getStateStoreChangeDataReader(
+      startVersion: Long,
+      endVersion: Long,
+      colFamilyNameOpt: Option[String],
+      endVersionStateStoreCkptId: Option[String])
+      : ChangeIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] = {
+    val family = colFamilyNameOpt.getOrElse(StateStore.DEFAULT_COL_FAMILY_NAME)
+    val c = Option(codec(family)).getOrElse(
+      throw StateStoreErrors.unsupportedOperationOnMissingColumnFamily("change feed", family))
+    new ChangeIterator(partition.changes(startVersion, endVersion, endVersionStateStoreCkptId)
+      .filter(_.family == family).map { change =>
+        val key = c.keys.decodeKey(change.key).copy()
+        if (change.value == null) (RecordType.DELETE_RECORD, key, null, change.version - 1)
+        else {
+          (RecordType.PUT_RECORD, key, c.values.decodeValue(change.value).copy(),
+            change.version - 1)
+        }
+      })
   }
 
   /** `version` as the local copy; `started` is when the caller began (for the load time). */
