@@ -317,6 +317,27 @@ def test_a_failed_job_leaves_nothing_visible(
     assert staging_dirs(server) == []
 
 
+@pytest.mark.parametrize(
+    ("column", "condition"), [("key", "QUORUMSTORE_NULL_KEY"), ("value", "QUORUMSTORE_NULL_VALUE")]
+)
+def test_a_null_key_or_value_fails_the_job_naming_it_and_writes_nothing(
+    spark: SparkSession, address: str, server: tuple[str, Path], column: str, condition: str
+) -> None:
+    """One null, in the last partition after other rows were staged: the job fails with
+    the condition and what to do, and no row of it becomes visible."""
+    prefix = unique(f"null-{column}")
+    source = kv_frame(spark, prefix, 4000, partitions=2)
+    last = F.col("key") == f"{prefix}{3999:07d}"
+    nulled = source.withColumn(column, F.when(last, F.lit(None)).otherwise(F.col(column)))
+    with pytest.raises(Exception, match=f"{condition}.*drop those rows") as failure:
+        nulled.write.format("quorumstore").option("address", address).option(
+            "chunkRows", "100"
+        ).mode("append").save()
+    assert "1 row(s) to write" in str(failure.value)
+    assert read(spark, address, keyPrefix=prefix).count() == 0
+    assert staging_dirs(server) == []
+
+
 def test_overwrite_replaces_the_written_key_range_in_one_entry_per_shard(
     spark: SparkSession, address: str
 ) -> None:

@@ -35,7 +35,8 @@ class QuorumstoreOptionError(PySparkValueError):
 
     `getCondition()` names the problem: QUORUMSTORE_UNKNOWN_OPTION,
     QUORUMSTORE_INVALID_OPTION, QUORUMSTORE_MISSING_OPTION, QUORUMSTORE_INVALID_SCHEMA,
-    QUORUMSTORE_MISSING_COLUMN or QUORUMSTORE_UNREACHABLE.
+    QUORUMSTORE_MISSING_COLUMN or QUORUMSTORE_UNREACHABLE; in a writing task, rows Spark
+    cannot check before they exist: QUORUMSTORE_NULL_KEY or QUORUMSTORE_NULL_VALUE.
     """
 
     def __init__(self, condition: str, message: str) -> None:

@@ -131,10 +131,20 @@ class RowEncoder:
     def rows(self, batch: pa.RecordBatch) -> pa.Table:
         keys = batch.column("key")
         if keys.null_count:
-            raise ValueError(f"{keys.null_count} row(s) have a null key")
+            raise QuorumstoreOptionError(
+                "QUORUMSTORE_NULL_KEY",
+                f"{keys.null_count} row(s) to write have a null key, and a record needs one: "
+                "drop those rows (df.where('key IS NOT NULL')) or fill their keys; the job "
+                "writes nothing",
+            )
         values = self.codec.encode(batch.select(self.columns))
         if values.null_count:
-            raise ValueError(f"{values.null_count} row(s) have a null value ({self.columns})")
+            raise QuorumstoreOptionError(
+                "QUORUMSTORE_NULL_VALUE",
+                f"{values.null_count} row(s) to write have a null value ({self.columns}), "
+                "which a record cannot hold: drop those rows, fill the value (coalesce), or "
+                "store several columns with valueFormat json or arrow; the job writes nothing",
+            )
         return pa.table({"key": keys.cast(pa.string()), "value": values})
 
 

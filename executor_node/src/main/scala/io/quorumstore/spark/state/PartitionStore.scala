@@ -150,9 +150,11 @@ final class PartitionStore(
       lineageOf(version, topOf(version, uniqueId, uniqueId.fold(readHead().map(_._1))(_ => None)))
     val at = (version - snapshotVersion).toInt
     val base = lineage.lift(at).filter(p => snapshots.contains(p) && snapshotUid.forall(_ == p._2))
-      .getOrElse(missing(version, s"there is no snapshot of version $snapshotVersion on its " +
-        s"lineage${snapshotUid.fold("")(u => s" with checkpoint id $u")} (maintenance writes " +
-        "one every spark.quorumstore.stateStore.snapshotInterval versions)"))
+      .getOrElse(throw new IllegalStateException(s"cannot rebuild version $version of state " +
+        s"partition $pk from a snapshot: there is no snapshot of version $snapshotVersion on " +
+        s"its lineage${snapshotUid.fold("")(u => s" with checkpoint id $u")}. Maintenance " +
+        "writes one every spark.quorumstore.stateStore.snapshotInterval versions, of the " +
+        "version committed last; name the batch of one that was written"))
     val map = readSnapshot(base, snapshots(base))
     applyDeltas(lineage.take(at), deltas, map)
     map.finishLoading()
