@@ -134,8 +134,7 @@ class RowEncoder:
             raise QuorumstoreOptionError(
                 "QUORUMSTORE_NULL_KEY",
                 f"{keys.null_count} row(s) to write have a null key, and a record needs one: "
-                "drop those rows (df.where('key IS NOT NULL')) or fill their keys; the job "
-                "writes nothing",
+                "drop those rows (df.where('key IS NOT NULL')) or fill their keys",
             )
         values = self.codec.encode(batch.select(self.columns))
         if values.null_count:
@@ -143,7 +142,7 @@ class RowEncoder:
                 "QUORUMSTORE_NULL_VALUE",
                 f"{values.null_count} row(s) to write have a null value ({self.columns}), "
                 "which a record cannot hold: drop those rows, fill the value (coalesce), or "
-                "store several columns with valueFormat json or arrow; the job writes nothing",
+                "store several columns with valueFormat json or arrow",
             )
         return pa.table({"key": keys.cast(pa.string()), "value": values})
 

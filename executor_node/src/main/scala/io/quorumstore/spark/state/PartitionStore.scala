@@ -121,6 +121,10 @@ final class PartitionStore(
       missing(version, s"the latest committed version is ${head.map(_.version).getOrElse("none")}")
     }
 
+  /** `topOf`, reading the head when no checkpoint id names the version. */
+  private def topOf(version: Long, uniqueId: Option[String]): (Long, String) =
+    topOf(version, uniqueId, if (uniqueId.isDefined) None else readHead().map(_._1))
+
   /** `version`'s lineage (from it downwards, as far as delta headers reach) below `top`. */
   private def lineageOf(version: Long, top: (Long, String)): Lineage = {
     val (deltas, snapshots) = headers(top._1 + 1)
@@ -146,8 +150,7 @@ final class PartitionStore(
         s"$pk from the snapshot of version $snapshotVersion: the snapshot must be of a version " +
         s"from 1 to $version")
     }
-    val Lineage(lineage, deltas, snapshots) =
-      lineageOf(version, topOf(version, uniqueId, uniqueId.fold(readHead().map(_._1))(_ => None)))
+    val Lineage(lineage, deltas, snapshots) = lineageOf(version, topOf(version, uniqueId))
     val at = (version - snapshotVersion).toInt
     val base = lineage.lift(at).filter(p => snapshots.contains(p) && snapshotUid.forall(_ == p._2))
       .getOrElse(throw new IllegalStateException(s"cannot rebuild version $version of state " +
@@ -170,24 +173,16 @@ final class PartitionStore(
       throw new IllegalArgumentException(s"cannot read the changes of versions $from to $to " +
         s"of state partition $pk: versions start at 1 and the range must not be empty")
     }
-    val Lineage(lineage, deltas, _) =
-      lineageOf(to, topOf(to, uniqueId, uniqueId.fold(readHead().map(_._1))(_ => None)))
+    val Lineage(lineage, deltas, _) = lineageOf(to, topOf(to, uniqueId))
     val commits = lineage.take((to - from + 1).toInt).reverse
     commits.find(c => !deltas.contains(c)).foreach { case (v, u) =>
       missing(v, s"the delta of version $v (id $u) is gone")
     }
-    val perRead = math.max(1, PartitionStore.ReadBytes / conf.chunkBytes)
-    commits.iterator.flatMap { case commit @ (version, uid) =>
-      (1 to deltas(commit).chunks).grouped(perRead).flatMap { indexes =>
-        val records = client.read(pk, indexes.map(i => keys.chunk(Delta, version, uid, i)), timeout)
-        indexes.zip(records).flatMap {
-          case (_, Some(record)) =>
-            val collected = new ChangeCollector(version)
-            Codec.readChunk(record.value, collected)
-            collected.changes
-          case (index, None) => missing(version, s"chunk $index of delta $uid is gone")
-        }
-      }
+    chunks(Delta, commits.map(commit => (commit, deltas(commit).chunks))).flatMap {
+      case (version, data) =>
+        val collected = new ChangeCollector(version)
+        Codec.readChunk(data, collected)
+        collected.changes
     }
   }
 
@@ -204,13 +199,18 @@ final class PartitionStore(
       map: StateMap): Unit =
     applyChunks(Delta, path.reverse.map(commit => (commit, deltas(commit).chunks)), map)
 
-  /**
-   * Applies the data chunks (1 to n) of each `(commit, n)` to `map`, in order, reading
-   * `ReadBytes` of chunks per request, the next request in flight while one is applied: a
-   * load holds little more than the map itself, which keeps most of it on local disk.
-   */
+  /** Applies the data chunks (1 to n) of each `(commit, n)` to `map`, in order. */
   private def applyChunks(kind: String, commits: Seq[((Long, String), Int)], map: StateMap)
-      : Unit = {
+      : Unit = chunks(kind, commits).foreach { case (_, data) => Codec.readChunk(data, map) }
+
+  /**
+   * The data chunks (1 to n) of each `(commit, n)`, in order, with their commit's version,
+   * read `ReadBytes` of chunks per request as the caller goes, the next request in flight
+   * while one is used: a load holds little more than the map itself, which keeps most of it
+   * on local disk.
+   */
+  private def chunks(kind: String, commits: Seq[((Long, String), Int)])
+      : Iterator[(Long, Array[Byte])] = {
     val perRead = math.max(1, PartitionStore.ReadBytes / conf.chunkBytes)
     val groups = commits.flatMap { case ((version, uid), n) =>
       (1 to n).map(index => (version, uid, index))
@@ -219,11 +219,11 @@ final class PartitionStore(
       PartitionStore.Reads.submit(() =>
         client.read(pk, group.map { case (v, u, i) => keys.chunk(kind, v, u, i) }, timeout))
     var next = groups.headOption.map(fetch)
-    for (g <- groups.indices) {
+    groups.indices.iterator.flatMap { g =>
       val records = try next.get.get() catch { case e: ExecutionException => throw e.getCause }
       next = groups.lift(g + 1).map(fetch)
-      groups(g).zip(records).foreach {
-        case (_, Some(record)) => Codec.readChunk(record.value, map)
+      groups(g).zip(records).map {
+        case ((version, _, _), Some(record)) => (version, record.value)
         case ((version, uid, index), None) =>
           missing(version, s"chunk $index of $kind $uid is gone")
       }
