@@ -4,7 +4,7 @@ Internal: the Spark data source uses it on the driver and in tasks; tests and th
 benchmark use it to load data. It routes by key hash like Oxia's clients, finds each
 shard's leader in the routing table (`ListShards`), and retries what is safe to retry
 on another replica or a bit later: reads before their first row arrives, change reads
-from the last entry received, and writes that carry an exactly-once serial.
+from the last row received, and writes that carry an exactly-once serial.
 
 Example::
 
@@ -27,6 +27,7 @@ from typing import Protocol, Self, TypeVar
 import grpc
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from quorumstore.proto import quorumstore_data_pb2 as pb
@@ -397,9 +398,12 @@ class DataClient:
         """The change rows of entries in (start, end], in offset order, each exactly once.
 
         Any replica that has applied `end` serves them; a failed stream resumes after
-        the last entry it delivered, on whichever replica answers.
+        the last row it delivered (inside an entry split over chunks, too), on whichever
+        replica answers.
         """
         position = start_exclusive
+        # Rows delivered of the entry after `position` (a split entry's first chunks).
+        delivered = 0
         stalled_since: float | None = None
         while position < end_inclusive:
             request = pb.ReadChangesRequest(
@@ -408,6 +412,7 @@ class DataClient:
                 start_offset_exclusive=position,
                 end_offset_inclusive=end_inclusive,
                 max_rows=max_rows,
+                skip_rows=delivered,
             )
 
             def open_stream(
@@ -420,8 +425,14 @@ class DataClient:
             resumed_at = position
             try:
                 while chunk is not None:
-                    yield from ipc_batches(chunk.ipc)
-                    position = chunk.commit_offset
+                    batches = ipc_batches(chunk.ipc)
+                    yield from batches
+                    if chunk.commit_offset != position:
+                        position, delivered = chunk.commit_offset, 0
+                    delivered += sum(
+                        pc.sum(pc.greater(b.column("offset"), position)).as_py() or 0
+                        for b in batches
+                    )
                     chunk = next(stream, None)
                 return
             except grpc.RpcError as e:

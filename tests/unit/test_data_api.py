@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import random
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql.datasource import (
     EqualTo,
@@ -32,6 +34,7 @@ from pyspark.sql.datasource import (
 
 from quorumstore import Client
 from quorumstore.data_client import DataClient, DataClientError, key_hash, read_ipc
+from quorumstore.node.data_api import MAX_ENTRY_BYTES, PIECE_BYTES
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.spark.datasource_keys import KeyFilter, intersect, prefix_ranges
@@ -308,6 +311,64 @@ def test_staged_rows_are_invisible_until_published_once(
     assert scan_all(client, ranges=prefix_ranges("ghost/")) == {}
 
 
+def test_a_part_larger_than_one_entry_is_published_whole(client: DataClient) -> None:
+    """Above MAX_ENTRY_BYTES a shard's part goes out as replicated pieces that one entry
+    publishes: a reader sees none of it, then all of it, and its changes come chunked."""
+    prefix = unique("big")
+    candidates = pa.array([f"{prefix}{i:07d}" for i in range(1_100_000)])
+    shard = 0
+    keys = client.route(
+        pa.table({"key": candidates, "value": pa.nulls(len(candidates), pa.binary())})
+    )[shard].column("key")
+    size = 1000 - len(keys[0].as_py())  # ~1 kB a row
+    rows_needed = (MAX_ENTRY_BYTES + 2 * PIECE_BYTES) // 1000
+    assert len(keys) > rows_needed
+    keys = keys.slice(0, rows_needed)
+    values = pc.binary_join_element_wise(pc.cast(keys, pa.binary()), pa.scalar(b"#" * size), b"")
+    part = pa.table({"key": keys, "value": values})
+    assert part.nbytes > MAX_ENTRY_BYTES
+    write_id = uuid.uuid4().hex
+    halves = [part.slice(0, len(part) // 2), part.slice(len(part) // 2)]
+    for name, half in zip(["p0-a0", "p1-a0"], halves):
+        for chunk, start in enumerate(range(0, half.num_rows, 8192)):
+            client.stage(shard, write_id, name, chunk, half.slice(start, 8192))
+    parts = [
+        (name, -(-h.num_rows // 8192), h.num_rows) for name, h in zip(["p0-a0", "p1-a0"], halves)
+    ]
+    first, last = keys[0].as_py(), keys[-1].as_py()
+
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def watch() -> None:  # what a reader sees while the part is published
+        with DataClient(client.bootstrap[0]) as reader:
+            while not stop.is_set():
+                [(batch, _)] = list(reader.scan(shard, keys=[first, last]))
+                seen.add(batch.num_rows)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    origin = ClientSerial(f"spark-write/{write_id}", 0)
+    try:
+        done = client.publish(shard, write_id, parts, origin=origin, unique_keys=True)
+    finally:
+        stop.set()
+        watcher.join()
+    assert done.rows == part.num_rows and not done.duplicate
+    assert seen <= {0, 2} and 0 in seen
+    stored = pa.Table.from_batches(
+        [b for b, _ in client.scan(shard, ranges=prefix_ranges(prefix))]
+    ).select(["key", "value"])
+    assert stored.num_rows == part.num_rows
+    assert stored.sort_by("key").cast(part.schema).equals(part.sort_by("key"))
+    # The publish is one entry; its changes arrive in chunks of the default size.
+    changes = pa.Table.from_batches(list(client.changes(shard, done.offset - 1, done.offset)))
+    assert changes.num_rows == part.num_rows
+    assert set(changes.column("offset").to_pylist()) == {done.offset}
+    assert pc.all(pc.equal(changes.column("key"), keys)).as_py()
+    assert client.publish(shard, write_id, parts, origin=origin).duplicate
+
+
 def test_publishing_rows_that_are_not_staged_fails_cleanly(client: DataClient) -> None:
     write_id = uuid.uuid4().hex
     with pytest.raises(DataClientError) as caught:
@@ -346,29 +407,32 @@ def test_staging_refuses_ids_that_could_escape_its_directory(client: DataClient)
 # ------------------------------------------------------------------ changes
 
 
-def test_changes_come_in_offset_order_cut_at_entry_boundaries(client: DataClient) -> None:
+def _write_entries(client: DataClient, shard: int, sizes: list[int]) -> list[list[str]]:
+    """One entry of `sizes[i]` new keys of `shard` each; returns their keys."""
     prefix = unique("chg")
-    shard = 1
-    start = client.offsets(shard).commit_offset
     written = []
-    for i in range(5):
-        keys = [k for k in (f"{prefix}{i}-{j}" for j in range(40)) if client.shard_of(k) == shard][
-            :6
-        ]
+    for i, size in enumerate(sizes):
+        candidates = (f"{prefix}{i}-{j}" for j in itertools.count())
+        keys = list(itertools.islice((k for k in candidates if client.shard_of(k) == shard), size))
         client.write(shard, rows(keys), origin=ClientSerial(f"chg-{prefix}", i))
         written.append(keys)
-    end = client.offsets(shard).commit_offset
-    request = pb.ReadChangesRequest(
-        namespace="default",
-        shard=shard,
-        start_offset_exclusive=start,
-        end_offset_inclusive=end,
-        max_rows=1,
+    return written
+
+
+def _read_changes(client: DataClient, shard: int, **request: int) -> list[pb.ArrowChunk]:
+    stub = pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(client.shard(shard).leader))
+    return list(
+        stub.ReadChanges(pb.ReadChangesRequest(namespace="default", shard=shard, **request))
     )
-    chunks = list(
-        pb_grpc.QuorumstoreDataStub(grpc.insecure_channel(client.shard(shard).leader)).ReadChanges(
-            request
-        )
+
+
+def test_changes_come_in_offset_order_cut_at_entry_boundaries(client: DataClient) -> None:
+    shard = 1
+    start = client.offsets(shard).commit_offset
+    written = _write_entries(client, shard, [6] * 5)
+    end = client.offsets(shard).commit_offset
+    chunks = _read_changes(
+        client, shard, start_offset_exclusive=start, end_offset_inclusive=end, max_rows=6
     )
     assert [c.commit_offset for c in chunks] == list(range(start + 1, end + 1))  # one entry each
     batches = [read_ipc(c.ipc) for c in chunks]
@@ -376,6 +440,93 @@ def test_changes_come_in_offset_order_cut_at_entry_boundaries(client: DataClient
     later = pa.Table.from_batches(list(client.changes(shard, start + 2, end)))
     assert later.column("key").to_pylist() == [k for keys in written[2:] for k in keys]
     assert sorted(set(later.column("offset").to_pylist())) == [start + 3, start + 4, start + 5]
+
+
+def test_an_entry_larger_than_a_chunk_is_split_and_resumable_inside(client: DataClient) -> None:
+    shard = 2
+    start = client.offsets(shard).commit_offset
+    written = _write_entries(client, shard, [2, 7, 1])
+    end = client.offsets(shard).commit_offset
+    chunks = _read_changes(
+        client, shard, start_offset_exclusive=start, end_offset_inclusive=end, max_rows=3
+    )
+    keys = [read_ipc(c.ipc).column("key").to_pylist() for c in chunks]
+    # [2 rows of entry 1] [3 of entry 2] [3 of entry 2] [its last 1, then entry 3]
+    assert keys == [written[0], written[1][:3], written[1][3:6], written[1][6:] + written[2]]
+    assert [c.commit_offset for c in chunks] == [start + 1, start + 1, start + 1, start + 3]
+    # A stream broken after the third chunk resumes after the 6 rows of entry 2 it had.
+    rest = _read_changes(
+        client,
+        shard,
+        start_offset_exclusive=start + 1,
+        end_offset_inclusive=end,
+        max_rows=3,
+        skip_rows=6,
+    )
+    assert [read_ipc(c.ipc).column("key").to_pylist() for c in rest] == [keys[-1]]
+    with pytest.raises(grpc.RpcError) as caught:
+        _read_changes(
+            client, shard, start_offset_exclusive=start + 1, end_offset_inclusive=end, skip_rows=7
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    got = pa.Table.from_batches(list(client.changes(shard, start, end, max_rows=3)))
+    assert got.column("key").to_pylist() == [k for keys in written for k in keys]
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "stream broken by the test"
+
+
+class _BreaksAfter:
+    """A real ReadChanges stream that fails, as a lost connection does, after `chunks` chunks."""
+
+    def __init__(self, stream, chunks: int) -> None:
+        self._stream, self._left = stream, chunks
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> pb.ArrowChunk:
+        if self._left == 0:
+            raise _Unavailable()
+        self._left -= 1
+        return next(self._stream)
+
+    def cancel(self) -> bool:
+        return self._stream.cancel()
+
+
+def test_a_change_stream_broken_inside_a_split_entry_resumes_after_its_last_row(
+    client: DataClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = 3
+    start = client.offsets(shard).commit_offset
+    written = _write_entries(client, shard, [2, 7, 1])
+    end = client.offsets(shard).commit_offset
+    requests: list[pb.ReadChangesRequest] = []
+    real_stub = client._stub
+
+    class BreakingStub:
+        def __init__(self, address: str) -> None:
+            self._inner = real_stub(address)
+
+        def ReadChanges(self, request: pb.ReadChangesRequest):
+            requests.append(request)
+            stream = self._inner.ReadChanges(request)
+            return _BreaksAfter(stream, 3) if len(requests) == 1 else stream
+
+    monkeypatch.setattr(client, "_stub", BreakingStub)
+    got = pa.Table.from_batches(list(client.changes(shard, start, end, max_rows=3)))
+    assert got.column("key").to_pylist() == [k for keys in written for k in keys]
+    # Broken after [entry 1] [3 rows of entry 2] [3 more]: resumed inside entry 2.
+    assert [(r.start_offset_exclusive, r.skip_rows) for r in requests] == [
+        (start, 0),
+        (start + 1, 6),
+    ]
 
 
 def test_changes_not_applied_yet_are_unavailable(client: DataClient) -> None:

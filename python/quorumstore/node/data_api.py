@@ -10,6 +10,8 @@ What DataFrames need and Oxia's record-at-a-time protocol does not offer:
 - `StageArrow` keeps rows on the leader, unreplicated, until a `WriteArrow` publishes
   everything staged under a write id as one entry (Spark jobs: nothing is visible
   until the job commits, and then a shard's part appears at once);
+- a `WriteArrow` too large for one entry (`max_entry_bytes`) is replicated as pieces
+  that one small entry then publishes (`storage/staging.py`), so it too appears at once;
 - `GetOffsets` / `ReadChanges` serve the change log (`storage/change_log.py`).
 
 Scans and file work run on the service's own threads, off the node's event loop and
@@ -18,7 +20,9 @@ off the node's I/O pool (which does the WAL's fsyncs).
 Staged rows live in `<staging root>/<write id>/<namespace>/<shard>/<part>.<chunk>.arrow`.
 They are not replicated: a leader change between staging and publishing makes the
 publish fail (FAILED_PRECONDITION), and the caller's write fails as a whole. Staged
-rows are dropped when published, by `DiscardStaged`, or after `STAGING_TTL_S`.
+rows are dropped when published, by `DiscardStaged`, or after `STAGING_TTL_S`. So are
+the replicated pieces of a large write that was never published (its caller died): the
+leader drops them with a replicated entry.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn, Protocol, TypeVar
 
 import grpc
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -45,7 +51,7 @@ from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.proto import replication_pb2
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.protocol.types import LogPosition
-from quorumstore.storage import change_log
+from quorumstore.storage import change_log, staging
 from quorumstore.storage.keys import compare_keys
 from quorumstore.storage.kv import KvClosedError, KvReader, KvSnapshot, KvStore
 from quorumstore.storage.serials import decode_serial_record, serial_key
@@ -58,6 +64,8 @@ from quorumstore.storage.state_machine import (
 )
 from quorumstore.storage.write_batch import (
     ClientSerial,
+    Staging,
+    StagingKind,
     WriteBatchBuilder,
     decode_batch,
     encode_batch,
@@ -68,11 +76,18 @@ from quorumstore.storage.write_batch import (
 LEADER_HINT_METADATA_KEY = "leader-hint"
 #: Rows per scan chunk unless the request asks otherwise.
 DEFAULT_SCAN_BATCH_ROWS = 65536
-#: Rows per change chunk unless the request asks otherwise (an entry is never split).
+#: Rows per change chunk unless the request asks otherwise.
 DEFAULT_CHANGE_CHUNK_ROWS = 65536
 #: Largest write batch one WriteArrow may turn into an entry. The entry travels in one
 #: gRPC message to each follower (256 MiB limit, see node/transport.py).
 MAX_ENTRY_BYTES = 192 * 1024 * 1024
+#: A larger write is replicated in pieces of about this many bytes, then published.
+PIECE_BYTES = 32 * 1024 * 1024
+_PIECES_IN_FLIGHT = 4
+#: Largest part of one write for one shard. Every replica applies it in one KV write,
+#: holding it in memory several times over (a 500 MB part peaked at 6.9 GB of resident
+#: memory in a standalone node, docs/dataframes.md).
+MAX_WRITE_BYTES = 512 * 1024 * 1024
 #: Same limits as Oxia's client API (node/client_api.py).
 MAX_KEY_BYTES = 64 * 1024
 MAX_VALUE_BYTES = 16 * 1024 * 1024
@@ -114,6 +129,8 @@ class DataNode(Protocol):
     def shard_host(self, namespace: str, shard: int) -> DataShardHost | None: ...
 
     def assignments(self) -> replication_pb2.ShardAssignmentsUpdate: ...
+
+    def led_hosts(self) -> Sequence[DataShardHost]: ...
 
     def now_ms(self) -> int: ...
 
@@ -290,31 +307,53 @@ def _split(
 
 
 def _change_chunks(
-    view: KvReader, start_exclusive: int, end_inclusive: int, max_rows: int
+    view: KvReader, start_exclusive: int, end_inclusive: int, max_rows: int, skip_rows: int = 0
 ) -> Iterator[tuple[bytes, int]]:
-    """(IPC of CHANGE_ROWS_SCHEMA rows, last offset in it); entries are never split."""
+    """(IPC of CHANGE_ROWS_SCHEMA rows, offset up to which every entry has been sent
+    whole). Entries are kept whole in a chunk of at most `max_rows` rows; only an entry
+    with more rows than that is split. `skip_rows` rows of the first entry are left out
+    (a stream resumed inside a split entry)."""
     pending: list[pa.RecordBatch] = []
     rows = 0
-    last = start_exclusive
+    whole = start_exclusive
     for offset, timestamp_ms, changes in change_log.read_changes(
         view, start_exclusive, end_inclusive
     ):
         n = changes.num_rows
-        pending.append(
-            changes.append_column(
-                CHANGE_ROWS_SCHEMA.field("offset"), pa.repeat(pa.scalar(offset, pa.int64()), n)
-            ).append_column(
-                CHANGE_ROWS_SCHEMA.field("timestamp_ms"),
-                pa.repeat(pa.scalar(timestamp_ms, pa.int64()), n),
-            )
+        entry = changes.append_column(
+            CHANGE_ROWS_SCHEMA.field("offset"), pa.repeat(pa.scalar(offset, pa.int64()), n)
+        ).append_column(
+            CHANGE_ROWS_SCHEMA.field("timestamp_ms"),
+            pa.repeat(pa.scalar(timestamp_ms, pa.int64()), n),
         )
-        rows += n
-        last = offset
-        if rows >= max_rows:
-            yield ipc_bytes(pa.concat_batches(pending)), last
+        if skip_rows:
+            if skip_rows >= n:
+                raise _invalid(f"skip_rows {skip_rows} leaves nothing of entry {offset} ({n} rows)")
+            entry, skip_rows = entry.slice(skip_rows), 0
+        if pending and rows + entry.num_rows > max_rows:
+            yield ipc_bytes(pa.concat_batches(pending)), whole
             pending, rows = [], 0
+        while entry.num_rows > max_rows:
+            yield ipc_bytes(entry.slice(0, max_rows)), offset - 1
+            entry = entry.slice(max_rows)
+        pending.append(entry)
+        rows += entry.num_rows
+        whole = offset
     if pending:
-        yield ipc_bytes(pa.concat_batches(pending)), last
+        yield ipc_bytes(pa.concat_batches(pending)), whole
+
+
+def _piece_bounds(keys: pa.Array, values: pa.Array, piece_bytes: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of about `piece_bytes` each (at least one row each)."""
+    sizes = pc.add(pc.binary_length(keys.cast(pa.binary())), pc.binary_length(values))
+    ends = np.cumsum(sizes.to_numpy(zero_copy_only=False), dtype=np.int64)
+    bounds, start = [], 0
+    while start < len(ends):
+        below = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, below + piece_bytes, "right")))
+        bounds.append((start, stop))
+        start = stop
+    return bounds
 
 
 # ------------------------------------------------------------------ staging
@@ -363,7 +402,6 @@ class _Staging:
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)
-        self._sweep()
 
     def rows(
         self, write_id: str, namespace: str, shard: int, parts: Sequence[pb.StagedPart]
@@ -406,10 +444,12 @@ class _Staging:
             self._discarded[write_id] = time.time()
             shutil.rmtree(directory, ignore_errors=True)
 
-    def _sweep(self) -> None:
+    def sweep(self) -> bool:
+        """Drops staged rows older than STAGING_TTL_S, at most every _SWEEP_INTERVAL_S;
+        returns whether it ran (so the caller sweeps the replicated pieces too)."""
         now = time.time()
         if now - self._last_sweep < _SWEEP_INTERVAL_S:
-            return
+            return False
         self._last_sweep = now
         with self._lock:
             self._discarded = {
@@ -421,6 +461,7 @@ class _Staging:
                     shutil.rmtree(entry, ignore_errors=True)
             except FileNotFoundError:
                 pass
+        return True
 
 
 # ------------------------------------------------------------------ the servicer
@@ -439,8 +480,18 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
         quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(servicer, server)
     """
 
-    def __init__(self, node: DataNode, staging_root: Path, *, threads: int = 2) -> None:
+    def __init__(
+        self,
+        node: DataNode,
+        staging_root: Path,
+        *,
+        threads: int = 2,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
+        piece_bytes: int = PIECE_BYTES,
+    ) -> None:
         self._node = node
+        self._max_entry_bytes = max_entry_bytes
+        self._piece_bytes = piece_bytes
         self._staging = _Staging(staging_root)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="qs-data")
 
@@ -604,6 +655,8 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             rows = read_rows(request.ipc, "the staged rows")
             _check_rows(rows, unique_keys=False)
             await self._run(self._staging.put, path, request.ipc)
+            if await self._run(self._staging.sweep):
+                await self._discard_replicated(None)
         except _Refused as e:
             await e.abort(context)
         return pb.StageArrowResponse(rows=rows.num_rows)
@@ -613,6 +666,7 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
     ) -> pb.DiscardStagedResponse:
         try:
             await self._run(self._staging.drop, request.write_id)
+            await self._discard_replicated([request.write_id])
         except _Refused as e:
             await e.abort(context)
         return pb.DiscardStagedResponse()
@@ -652,25 +706,98 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                 self._staging.rows, request.staged.write_id, ns, shard, request.staged.parts
             )
         _check_rows(rows, request.unique_keys)
-        payload = await self._run(write_payload, rows, self._node.now_ms(), origin, replace)
-        if len(payload) > MAX_ENTRY_BYTES:
+        payload = None
+        if rows.nbytes <= self._max_entry_bytes:
+            payload = await self._run(write_payload, rows, self._node.now_ms(), origin, replace)
+            if len(payload) > self._max_entry_bytes:
+                payload = None
+        if payload is None and rows.nbytes > MAX_WRITE_BYTES:
             raise _invalid(
-                f"the write is {len(payload)} bytes as one entry, above the limit of "
-                f"{MAX_ENTRY_BYTES} bytes; split it into smaller writes"
+                f"the write holds {rows.nbytes} bytes for shard {ns}/{shard}, above the limit "
+                f"of {MAX_WRITE_BYTES} bytes for one shard's part of one write; split it "
+                "into smaller writes, or spread its keys over more shards"
             )
         if request.validate_only:
             return pb.WriteArrowResponse(offset=-1, rows=rows.num_rows)
         try:
-            result = await host.write(payload)
+            if payload is not None:
+                result = await host.write(payload)
+            else:
+                write_id = request.staged.write_id if which == "staged" else uuid.uuid4().hex
+                result = await self._write_in_pieces(host, write_id, rows, origin, replace)
         except NotLeaderError as e:
             raise _Refused(
                 grpc.StatusCode.FAILED_PRECONDITION, f"shard {ns}/{shard}: {e}", e.leader_hint
             ) from None
+        if result.refused is not None:
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"shard {ns}/{shard}: {result.refused}; the write must be retried as a whole",
+            )
         if which == "staged":
             await self._run(self._staging.drop, request.staged.write_id, ns, shard)
         return pb.WriteArrowResponse(
             offset=result.offset, duplicate=result.duplicate, rows=rows.num_rows
         )
+
+    async def _write_in_pieces(
+        self,
+        host: DataShardHost,
+        write_id: str,
+        rows: pa.Table,
+        origin: ClientSerial | None,
+        replace: tuple[str, str] | None,
+    ) -> EntryResult:
+        """Replicates `rows` as pieces of about `piece_bytes`, then ONE entry publishes
+        them (storage/staging.py): a reader sees none of the rows, then all of them."""
+        stage = f"{write_id}/{uuid.uuid4().hex}"
+        keys = rows.column("key").combine_chunks()
+        values = rows.column("value").combine_chunks()
+        bounds = await self._run(_piece_bounds, keys, values, self._piece_bytes)
+        in_flight: list[asyncio.Future[EntryResult]] = []
+        try:
+            for number, (start, stop) in enumerate(bounds):
+                payload = await self._run(
+                    puts_batch,
+                    keys[start:stop],
+                    values[start:stop],
+                    self._node.now_ms(),
+                    None,
+                    Staging(StagingKind.PIECE, stage, number),
+                )
+                if len(in_flight) == _PIECES_IN_FLIGHT:
+                    await in_flight.pop(0)
+                in_flight.append(asyncio.ensure_future(host.write(payload)))
+            for piece in in_flight:
+                await piece
+        finally:
+            for piece in in_flight:
+                piece.cancel()
+        publish = WriteBatchBuilder()
+        if replace is not None:
+            publish.add_delete_range(*replace)
+        return await host.write(
+            publish.build(
+                self._node.now_ms(), origin, Staging(StagingKind.PUBLISH, stage, len(bounds))
+            )
+        )
+
+    async def _discard_replicated(self, write_ids: Sequence[str] | None) -> None:
+        """Has every shard led here drop the pieces it keeps of `write_ids` (None: of
+        writes whose pieces are older than STAGING_TTL_S). A shard whose leadership
+        moves on meanwhile is left to its next leader's sweep."""
+        for host in self._node.led_hosts():
+            if write_ids is None:
+                horizon = self._node.now_ms() - STAGING_TTL_S * 1000
+                found = staging.writes_staged_before(host.kv, horizon)
+            else:
+                found = [w for w in write_ids if staging.has_pieces(host.kv, w)]
+            for write_id in found:
+                discard = Staging(StagingKind.DISCARD, write_id)
+                try:
+                    await host.write(WriteBatchBuilder().build(self._node.now_ms(), None, discard))
+                except NotLeaderError:
+                    break
 
     @staticmethod
     def _already_applied(kv: KvReader, origin: ClientSerial) -> bool:
@@ -725,7 +852,15 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                     f"{kept_after} expired (retention {change_log.CHANGE_RETENTION_MS} ms); "
                     f"changes after offset {start} were asked for",
                 )
-            chunks = _change_chunks(view, start, end, request.max_rows or DEFAULT_CHANGE_CHUNK_ROWS)
+            if request.skip_rows < 0:
+                raise _invalid(f"skip_rows must be >= 0, got {request.skip_rows}")
+            chunks = _change_chunks(
+                view,
+                start,
+                end,
+                request.max_rows or DEFAULT_CHANGE_CHUNK_ROWS,
+                request.skip_rows,
+            )
             async for ipc, last in self._stream(chunks, view):
                 yield pb.ArrowChunk(ipc=ipc, commit_offset=last)
         except _Refused as e:

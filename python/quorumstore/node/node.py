@@ -201,6 +201,10 @@ class Node:
     def shard_host(self, namespace: str, shard: int) -> ShardHost | None:
         return self.hosts.get((namespace, shard))
 
+    def led_hosts(self) -> list[ShardHost]:
+        """The shard replicas that lead their shard now."""
+        return [host for host in self.hosts.values() if host.is_leader()]
+
     def assignments(self) -> pb.ShardAssignmentsUpdate:
         return self._assignments
 

@@ -195,15 +195,17 @@ class GetOffsetsResponse(_message.Message):
     def __init__(self, commit_offset: _Optional[int] = ..., changes_kept_after: _Optional[int] = ...) -> None: ...
 
 class ReadChangesRequest(_message.Message):
-    __slots__ = ("namespace", "shard", "start_offset_exclusive", "end_offset_inclusive", "max_rows")
+    __slots__ = ("namespace", "shard", "start_offset_exclusive", "end_offset_inclusive", "max_rows", "skip_rows")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_ROWS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     start_offset_exclusive: int
     end_offset_inclusive: int
     max_rows: int
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., start_offset_exclusive: _Optional[int] = ..., end_offset_inclusive: _Optional[int] = ..., max_rows: _Optional[int] = ...) -> None: ...
+    skip_rows: int
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., start_offset_exclusive: _Optional[int] = ..., end_offset_inclusive: _Optional[int] = ..., max_rows: _Optional[int] = ..., skip_rows: _Optional[int] = ...) -> None: ...

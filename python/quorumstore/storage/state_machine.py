@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition
-from quorumstore.storage import change_log, secondary_indexes, sequences, sessions
+from quorumstore.storage import change_log, secondary_indexes, sequences, sessions, staging
 from quorumstore.storage.keys import (
     INTERNAL_PREFIX,
     USER_KEYS_END,
@@ -43,7 +43,9 @@ from quorumstore.storage.write_batch import (
     VERSION_ID_NOT_EXISTS,
     ClientSerial,
     Op,
+    StagingKind,
     batch_origin,
+    batch_staging,
     batch_timestamp_ms,
     decode_batch,
 )
@@ -149,6 +151,8 @@ class EntryResult:
     #: True when the entry repeated an exactly-once serial already applied: nothing
     #: changed, and `results` are the original write's (empty for an older serial).
     duplicate: bool = False
+    #: Why a publish changed nothing (its pieces were discarded first); else None.
+    refused: str | None = None
 
 
 _RESULT = struct.Struct("<BBI")  # status, flags, record length
@@ -702,6 +706,15 @@ class ShardStateMachine(ShardReader):
         batch = decode_batch(entry.payload)
         now = batch_timestamp_ms(batch)
         position = LogPosition(entry.term, entry.offset, entry.checksum)
+        stage = batch_staging(batch)
+        # A publish's pieces go in its own KV write, whatever the outcome.
+        drop = None
+        if stage is not None:
+            if stage.kind is not StagingKind.PUBLISH:
+                return self._apply_staging(
+                    entry, now, position, stage.kind, stage.name, stage.number
+                )
+            drop = staging.name_range(stage.name)
         origin = batch_origin(batch)
         previous_serial = None
         if origin is not None:
@@ -710,13 +723,34 @@ class ShardStateMachine(ShardReader):
                 last, _, stored_results = decode_serial_record(previous_serial)
                 if origin.serial <= last:
                     # A retry of a write that already took effect: consume the offset only.
-                    self._store.write([(APPLIED_KEY, _pack_position(position))], [], [])
+                    self._store.write(
+                        [(APPLIED_KEY, _pack_position(position))], [], [drop] if drop else []
+                    )
                     self._applied = position
                     original = decode_results(stored_results) if origin.serial == last else []
                     return EntryResult(entry.offset, original, duplicate=True)
+        if stage is not None:
+            pieces = staging.read_pieces(self._store, stage.name)
+            if len(pieces) != stage.number:
+                self._store.write(
+                    [(APPLIED_KEY, _pack_position(position))], [], [drop] if drop else []
+                )
+                self._applied = position
+                return EntryResult(
+                    entry.offset,
+                    [],
+                    refused=f"stage {stage.name} holds {len(pieces)} of its {stage.number} "
+                    "pieces here: the write was discarded while it was being published",
+                )
+            metadata = dict(batch.schema.metadata or {})
+            for key in stage.metadata():
+                metadata.pop(key)
+            batch = pa.concat_batches(
+                [batch.replace_schema_metadata(None), *pieces]
+            ).replace_schema_metadata(metadata)
         if _plain_puts(batch):
             applied_columnar = self._apply_plain_puts(
-                entry.offset, batch, now, position, origin, previous_serial
+                entry.offset, batch, now, position, origin, previous_serial, drop
             )
             if applied_columnar is not None:
                 return applied_columnar
@@ -872,8 +906,30 @@ class ShardStateMachine(ShardReader):
             (puts, deletes, ranges),
             change_log.entry_changes(changes, stored, ranges, versions),
             None if origin is None else (origin, encode_results(results), previous_serial),
+            drop,
         )
         return EntryResult(entry.offset, results)
+
+    def _apply_staging(
+        self,
+        entry: LogEntry,
+        now: int,
+        position: LogPosition,
+        kind: StagingKind,
+        name: str,
+        number: int,
+    ) -> EntryResult:
+        """Keeps a piece of a staged write, or drops a discarded write's pieces."""
+        puts: list[tuple[bytes, bytes]] = []
+        ranges: list[tuple[bytes, bytes]] = []
+        if kind is StagingKind.PIECE:
+            puts.append((staging.piece_key(name, number), staging.piece_record(now, entry.payload)))
+        else:
+            ranges.append(staging.name_range(name))
+        self._write_entry(
+            entry.offset, now, position, self._next_version_id, (puts, [], ranges), None, None
+        )
+        return EntryResult(entry.offset, [])
 
     def _write_entry(
         self,
@@ -884,12 +940,15 @@ class ShardStateMachine(ShardReader):
         writes: tuple[list[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, bytes]]],
         change_batch: pa.RecordBatch | None,
         serial: tuple[ClientSerial, bytes, bytes | None] | None,
+        drop: tuple[bytes, bytes] | None = None,
     ) -> None:
         """Writes an entry's changes (`writes`: puts, deletes, delete ranges) in one atomic
         batch with the applied position, version counter, change-log record and, for an
         exactly-once write (`serial`: origin, encoded results, previous serial record),
-        the client's serial."""
+        the client's serial; `drop` is one more range to delete (published pieces)."""
         puts, deletes, ranges = writes
+        if drop is not None:
+            ranges = [*ranges, drop]
         puts.append((APPLIED_KEY, _pack_position(position)))
         puts.append((NEXT_VERSION_ID_KEY, _COUNTER.pack(next_version_id)))
         if serial is not None:
@@ -916,6 +975,7 @@ class ShardStateMachine(ShardReader):
         position: LogPosition,
         origin: ClientSerial | None,
         previous_serial: bytes | None,
+        drop: tuple[bytes, bytes] | None,
     ) -> EntryResult | None:
         """The general loop's effect for an entry of plain puts, computed column by column
         (bulk writes are such entries). None, having changed nothing, when an op needs
@@ -991,6 +1051,7 @@ class ShardStateMachine(ShardReader):
             (list(zip(keys, records.to_pylist())), [], []),
             changes,
             serial,
+            drop,
         )
         return EntryResult(
             offset,

@@ -4,6 +4,11 @@ A batch is a single Arrow record batch, one row per operation, applied in row or
 IPC-stream encoded. The leader stamps it with its wall clock (`timestamp_ms` in the
 schema metadata) when it builds it: replicas derive record timestamps from the entry,
 never from their own clocks, so every replica computes identical records.
+
+A write too large for one entry travels as several (`storage/staging.py`): PIECES,
+each a batch of puts marked `stage=<stage id>` that every replica keeps aside, unapplied,
+then ONE small entry marked `publish=<stage id>` whose apply applies its own ops followed
+by all the pieces' puts, atomically. `discard=<write id>` drops pieces never published.
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ TIMESTAMP_KEY = b"timestamp_ms"
 #: Schema metadata keys of an exactly-once write: the client's id and its serial (seed 003).
 CLIENT_ID_KEY = b"client_id"
 SERIAL_KEY = b"serial"
+#: Schema metadata keys of staged writes (see the module docstring and `Staging`).
+STAGE_KEY = b"stage"
+PIECE_KEY = b"piece"
+PUBLISH_KEY = b"publish"
+PIECES_KEY = b"pieces"
+DISCARD_KEY = b"discard"
 #: `expected_version_id` meaning "the key must not exist".
 VERSION_ID_NOT_EXISTS = -1
 
@@ -90,8 +101,50 @@ class ClientSerial(NamedTuple):
     serial: int
 
 
-def _with_timestamp(timestamp_ms: int, origin: ClientSerial | None = None) -> pa.Schema:
+class StagingKind(enum.Enum):
+    PIECE = "piece"
+    PUBLISH = "publish"
+    DISCARD = "discard"
+
+
+class Staging(NamedTuple):
+    """What a staged-write entry does: keep piece `number` of stage `name` (PIECE),
+    apply the `number` pieces of stage `name` (PUBLISH), or drop every stage of the
+    write `name` (DISCARD)."""
+
+    kind: StagingKind
+    name: str
+    number: int = 0
+
+    def metadata(self) -> dict[bytes, bytes]:
+        name = self.name.encode()
+        if self.kind is StagingKind.PIECE:
+            return {STAGE_KEY: name, PIECE_KEY: str(self.number).encode()}
+        if self.kind is StagingKind.PUBLISH:
+            return {PUBLISH_KEY: name, PIECES_KEY: str(self.number).encode()}
+        return {DISCARD_KEY: name}
+
+
+def batch_staging(batch: pa.RecordBatch) -> Staging | None:
+    """The staged-write role of an entry's batch; None for an ordinary write."""
+    metadata = batch.schema.metadata or {}
+    if STAGE_KEY in metadata:
+        return Staging(StagingKind.PIECE, metadata[STAGE_KEY].decode(), int(metadata[PIECE_KEY]))
+    if PUBLISH_KEY in metadata:
+        return Staging(
+            StagingKind.PUBLISH, metadata[PUBLISH_KEY].decode(), int(metadata[PIECES_KEY])
+        )
+    if DISCARD_KEY in metadata:
+        return Staging(StagingKind.DISCARD, metadata[DISCARD_KEY].decode())
+    return None
+
+
+def _with_timestamp(
+    timestamp_ms: int, origin: ClientSerial | None = None, staging: Staging | None = None
+) -> pa.Schema:
     metadata = {TIMESTAMP_KEY: str(int(timestamp_ms)).encode()}
+    if staging is not None:
+        metadata.update(staging.metadata())
     if origin is not None:
         if not origin.client_id or origin.serial < 0:
             raise ValueError(
@@ -232,7 +285,12 @@ class WriteBatchBuilder:
     def add_close_session(self, session_id: int) -> None:
         self._add(Op.CLOSE_SESSION, "", session_id=session_id)
 
-    def build(self, timestamp_ms: int, origin: ClientSerial | None = None) -> bytes:
+    def build(
+        self,
+        timestamp_ms: int,
+        origin: ClientSerial | None = None,
+        staging: Staging | None = None,
+    ) -> bytes:
         n = len(self._rows)
         columns = zip(*self._rows) if n else ([] for _ in SCHEMA)
         arrays = [
@@ -240,12 +298,18 @@ class WriteBatchBuilder:
             for column, field in zip(columns, SCHEMA)
         ]
         return encode_batch(
-            pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
+            pa.RecordBatch.from_arrays(
+                arrays, schema=_with_timestamp(timestamp_ms, origin, staging)
+            )
         )
 
 
 def puts_batch(
-    keys: pa.Array, values: pa.Array, timestamp_ms: int, origin: ClientSerial | None = None
+    keys: pa.Array,
+    values: pa.Array,
+    timestamp_ms: int,
+    origin: ClientSerial | None = None,
+    staging: Staging | None = None,
 ) -> bytes:
     """Payload of unconditional puts straight from Arrow arrays (no Python per key)."""
     if len(keys) != len(values):
@@ -261,5 +325,5 @@ def puts_batch(
         for field in SCHEMA
     ]
     return encode_batch(
-        pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin))
+        pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin, staging))
     )
