@@ -53,3 +53,14 @@ async def cancel_other_tasks() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.get_running_loop().shutdown_asyncgens()
     await asyncio.sleep(GRPC_SETTLE_S)
+
+
+def abandon(future: asyncio.Future[Any] | None) -> None:
+    """Drops work nobody will wait for: cancels it, or consumes its outcome if it is
+    done, so asyncio does not log an exception as never retrieved."""
+    if future is None:
+        return
+    if not future.done():
+        future.cancel()
+    elif not future.cancelled():
+        future.exception()

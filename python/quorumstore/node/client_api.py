@@ -52,6 +52,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import grpc
 import pyarrow as pa
 
+from quorumstore.event_loops import abandon
 from quorumstore.node import forwarding
 from quorumstore.node.aborts import abort
 from quorumstore.node.forwarding import Relays, Routing
@@ -820,7 +821,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         finally:
             starter.cancel()
             while not pending.empty():
-                _abandon(pending.get_nowait())
+                abandon(pending.get_nowait())
 
     # --------------------------------------------------------------- reads
 
@@ -1118,13 +1119,3 @@ def _session_not_found(shard: int, session_id: int) -> RequestError:
     return RequestError(
         OxiaCode.SESSION_NOT_FOUND, f"oxia: session not found: {session_id} on shard {shard}"
     )
-
-
-def _abandon(write: asyncio.Future[pb.WriteResponse] | None) -> None:
-    """Drop a write nobody will answer: cancel it, or consume its outcome if it is done."""
-    if write is None:
-        return
-    if not write.done():
-        write.cancel()
-    elif not write.cancelled():
-        write.exception()  # consumed, so asyncio does not log it as never retrieved

@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import NoReturn, Protocol, TypeVar
 
 import grpc
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from quorumstore.event_loops import abandon
 from quorumstore.node.aborts import abort
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
@@ -61,6 +61,7 @@ from quorumstore.storage.state_machine import (
     EntryResult,
     Record,
     ShardReader,
+    byte_bounded_runs,
 )
 from quorumstore.storage.write_batch import (
     ClientSerial,
@@ -343,19 +344,6 @@ def _change_chunks(
         yield ipc_bytes(pa.concat_batches(pending)), whole
 
 
-def _piece_bounds(keys: pa.Array, values: pa.Array, piece_bytes: int) -> list[tuple[int, int]]:
-    """[start, stop) row ranges of about `piece_bytes` each (at least one row each)."""
-    sizes = pc.add(pc.binary_length(keys.cast(pa.binary())), pc.binary_length(values))
-    ends = np.cumsum(sizes.to_numpy(zero_copy_only=False), dtype=np.int64)
-    bounds, start = [], 0
-    while start < len(ends):
-        below = ends[start - 1] if start else 0
-        stop = max(start + 1, int(np.searchsorted(ends, below + piece_bytes, "right")))
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
 # ------------------------------------------------------------------ staging
 
 
@@ -389,7 +377,8 @@ class _Staging:
     def check(self, write_id: str, namespace: str, shard: int, part: str, chunk: int) -> Path:
         return self._file(self._dir(write_id, namespace, shard), part, chunk)
 
-    def put(self, path: Path, data: bytes) -> None:
+    def put(self, path: Path, data: bytes) -> bool:
+        """Keeps `data` at `path`; returns whether the periodic `sweep` ran after it."""
         write_id = path.relative_to(self.root).parts[0]
         with self._lock:
             if write_id in self._discarded:
@@ -402,6 +391,7 @@ class _Staging:
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)
+        return self.sweep()
 
     def rows(
         self, write_id: str, namespace: str, shard: int, parts: Sequence[pb.StagedPart]
@@ -654,8 +644,7 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             self._host(request.namespace, request.shard, leader=True)
             rows = read_rows(request.ipc, "the staged rows")
             _check_rows(rows, unique_keys=False)
-            await self._run(self._staging.put, path, request.ipc)
-            if await self._run(self._staging.sweep):
+            if await self._run(self._staging.put, path, request.ipc):
                 await self._discard_replicated(None)
         except _Refused as e:
             await e.abort(context)
@@ -753,7 +742,7 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
         stage = f"{write_id}/{uuid.uuid4().hex}"
         keys = rows.column("key").combine_chunks()
         values = rows.column("value").combine_chunks()
-        bounds = await self._run(_piece_bounds, keys, values, self._piece_bytes)
+        bounds = list(byte_bounded_runs(keys, values, self._piece_bytes))
         in_flight: list[asyncio.Future[EntryResult]] = []
         try:
             for number, (start, stop) in enumerate(bounds):
@@ -772,7 +761,7 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                 await piece
         finally:
             for piece in in_flight:
-                piece.cancel()
+                abandon(piece)
         publish = WriteBatchBuilder()
         if replace is not None:
             publish.add_delete_range(*replace)

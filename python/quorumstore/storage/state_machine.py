@@ -373,6 +373,19 @@ def _byte_ends(items: pa.BinaryArray) -> np.ndarray:
     return offsets[1:].astype(np.int64) - offsets[0]
 
 
+def byte_bounded_runs(keys: pa.Array, values: pa.Array, limit: int) -> Iterator[tuple[int, int]]:
+    """[start, stop) row runs whose keys and values hold at most `limit` bytes (or one
+    row that alone holds more), cut by the arrays' offsets, not row by row. Both
+    arrays are binary or string, not chunked."""
+    ends = _byte_ends(keys) + _byte_ends(values)
+    start = 0
+    while start < len(ends):
+        below = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, below + limit, "right")))
+        yield start, stop
+        start = stop
+
+
 def _bounded_batches(keys: list[bytes], values: list[bytes]) -> Iterator[pa.RecordBatch]:
     """SCAN_SCHEMA batches of the items, cut so that no batch holds more than
     _MAX_BATCH_BYTES (unless one item alone does). The items become Arrow arrays first
@@ -391,13 +404,8 @@ def _bounded_batches(keys: list[bytes], values: list[bytes]) -> Iterator[pa.Reco
     )
     for piece in items.to_batches():
         key_array, records = piece.column(0), piece.column(1)
-        ends = _byte_ends(key_array) + _byte_ends(records)
-        start = 0
-        while start < len(ends):
-            below = ends[start - 1] if start else 0
-            stop = max(start + 1, int(np.searchsorted(ends, below + _MAX_BATCH_BYTES, "right")))
+        for start, stop in byte_bounded_runs(key_array, records, _MAX_BATCH_BYTES):
             yield _records_batch(key_array[start:stop], records[start:stop])
-            start = stop
 
 
 class _PutResults(Sequence[OpResult]):
@@ -723,19 +731,13 @@ class ShardStateMachine(ShardReader):
                 last, _, stored_results = decode_serial_record(previous_serial)
                 if origin.serial <= last:
                     # A retry of a write that already took effect: consume the offset only.
-                    self._store.write(
-                        [(APPLIED_KEY, _pack_position(position))], [], [drop] if drop else []
-                    )
-                    self._applied = position
+                    self._consume_offset(position, drop)
                     original = decode_results(stored_results) if origin.serial == last else []
                     return EntryResult(entry.offset, original, duplicate=True)
         if stage is not None:
             pieces = staging.read_pieces(self._store, stage.name)
             if len(pieces) != stage.number:
-                self._store.write(
-                    [(APPLIED_KEY, _pack_position(position))], [], [drop] if drop else []
-                )
-                self._applied = position
+                self._consume_offset(position, drop)
                 return EntryResult(
                     entry.offset,
                     [],
@@ -909,6 +911,11 @@ class ShardStateMachine(ShardReader):
             drop,
         )
         return EntryResult(entry.offset, results)
+
+    def _consume_offset(self, position: LogPosition, drop: tuple[bytes, bytes] | None) -> None:
+        """Records `position` as applied, changing nothing else but dropping `drop`'s range."""
+        self._store.write([(APPLIED_KEY, _pack_position(position))], [], [drop] if drop else [])
+        self._applied = position
 
     def _apply_staging(
         self,
