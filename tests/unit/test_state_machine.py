@@ -764,10 +764,18 @@ def _plain_put_entry(
 ) -> tuple[WriteBatchBuilder, ClientSerial | None, list[str]]:
     """An entry of 16-40 plain puts over a small key space (so keys get replaced), with
     client identities, partition keys, met expected versions (`versions`: each key's
-    current version id) and, every other entry, an exactly-once origin. Some entries
-    hold what the columnar apply must leave to the loop: a key named twice, an
-    expected version not met, a replaced record with secondary indexes."""
+    current version id) and, every other entry, an exactly-once origin; every fourth
+    entry is an overwrite, whose range deletes come first (an inverted one, an unbounded
+    one, one over the indexed record). Some entries hold what the columnar apply must
+    leave to the loop: a key named twice, an expected version not met, a replaced record
+    with secondary indexes. Returns the key of each op (a range's start)."""
     builder = WriteBatchBuilder()
+    ranges = []
+    if e % 4 == 3:
+        candidates = [("k/1/", "k/1//"), ("k/3/", "k/4/"), ("top1", "top5"), ("k/2/", "k/1/")]
+        ranges = rng.sample([*candidates, ("top9", "")], 2)
+    for start, end in ranges:
+        builder.add_delete_range(start, end)
     keys = [
         f"k/{k % 5}/{k}" if k % 2 else f"top{k}\x00"
         for k in rng.sample(range(120), rng.randrange(16, 41))
@@ -776,7 +784,7 @@ def _plain_put_entry(
         keys.append(keys[0])  # named twice
     for key in keys:
         expected = None
-        if rng.random() < 0.3:
+        if not ranges and rng.random() < 0.3:
             expected = versions.get(key, VERSION_ID_NOT_EXISTS)
         builder.add_put(
             key,
@@ -791,7 +799,8 @@ def _plain_put_entry(
     if e % 11 == 4:
         keys.append("k/1/1")
         builder.add_put("k/1/1", b"indexed", secondary_indexes=[("idx", "s")])
-    return builder, ClientSerial("writer", e) if e % 2 else None, keys
+    origin = ClientSerial("writer", e) if e % 2 else None
+    return builder, origin, [start for start, _ in ranges] + keys
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -800,18 +809,24 @@ def test_columnar_apply_equals_the_loop(
 ) -> None:
     machines = {name: ShardStateMachine(RocksKv(tmp_path / name)) for name in ("loop", "columnar")}
     columnar_apply = ShardStateMachine._apply_plain_puts
-    took: list[bool] = []  # per columnar attempt: whether it applied the entry
+    # Per columnar attempt: whether it applied the entry, and whether ranges led it.
+    took: list[bool] = []
+    overwrites: list[bool] = []
 
     def attempt(self: ShardStateMachine, *args: object) -> EntryResult | None:
         result = columnar_apply(self, *args)  # type: ignore[arg-type]
         took.append(result is not None)
+        entry_batch = args[1]
+        assert isinstance(entry_batch, pa.RecordBatch)
+        deletes_ranges = pc.any(pc.equal(entry_batch.column("op"), Op.DELETE_RANGE.value))
+        overwrites.append(result is not None and deletes_ranges.as_py())
         return result
 
     monkeypatch.setattr(ShardStateMachine, "_apply_plain_puts", attempt)
     rng = random.Random(seed)
     versions: dict[str, int] = {}
     head = EMPTY_POSITION
-    for e in range(30):
+    for e in range(40):
         builder, origin, keys = _plain_put_entry(rng, e, versions)
         entry = make_entry(head, 1, builder.build(1_000 + e, origin))
         head = position_of(entry)
@@ -823,17 +838,22 @@ def test_columnar_apply_equals_the_loop(
         for key, result in zip(keys, results["loop"].results):
             if result.version is not None:
                 versions[key] = result.version.version_id
+        for key in [k for k in versions if machines["loop"].get(k) is None]:
+            del versions[key]  # deleted by a range
     monkeypatch.setattr(state_machine, "_COLUMNAR_MIN_OPS", 16)
     views = [list(m._store.scan(b"", None)) for m in machines.values()]  # internal keys too
     assert views[0] == views[1]
-    assert len(versions) > 100
+    assert len(versions) > 60  # live keys, after the ranges deleted some
     assert took.count(True) > 15 and took.count(False) >= 5
+    assert overwrites.count(True) >= 5
     # A retried exactly-once write returns the original results, stored column by column.
-    first_origin = ClientSerial("writer", 29)
+    first_origin = ClientSerial("writer", 39)
     retry = make_entry(head, 1, WriteBatchBuilder().build(9_999, first_origin))
     [duplicate] = machines["columnar"].apply([retry])
     assert duplicate.duplicate
-    # Stored results keep each record's version, not its value (see `encode_results`).
-    assert [r.version for r in duplicate.results] == [
-        r.version._replace(value=b"") for r in results["loop"].results if r.version is not None
+    # Stored results keep each record's version, not its value (see `encode_results`),
+    # after the OK of each range delete (the last entry is an overwrite).
+    assert [(r.status, r.version) for r in duplicate.results] == [
+        (r.status, r.version and r.version._replace(value=b"")) for r in results["loop"].results
     ]
+    assert duplicate.results[:2] == [OpResult(Status.OK)] * 2

@@ -409,24 +409,27 @@ def _bounded_batches(keys: list[bytes], values: list[bytes]) -> Iterator[pa.Reco
 
 
 class _PutResults(Sequence[OpResult]):
-    """The OK results of a columnar apply's puts, built when first read: bulk writers
-    (the data service) never read them, and per-put objects are most of a bulk apply."""
+    """The OK results of a columnar apply's range deletes and puts, built when first
+    read: bulk writers (the data service) never read them, and per-put objects are most
+    of a bulk apply."""
 
     def __init__(
         self,
+        range_deletes: int,
         values: pa.BinaryArray,
         header: np.ndarray,
         client_identity: pa.StringArray,
         partition_key: pa.StringArray,
         now: int,
     ) -> None:
+        self._range_deletes = range_deletes
         self._columns = (values, header, client_identity, partition_key, now)
         self._built: list[OpResult] | None = None
 
     def _results(self) -> list[OpResult]:
         if self._built is None:
             values, header, client_identity, partition_key, now = self._columns
-            self._built = [
+            self._built = [_OK] * self._range_deletes + [
                 OpResult(Status.OK, Record(v, i, m, c, now, None, ci, pk, False))
                 for v, i, m, c, ci, pk in zip(
                     values.to_pylist(),
@@ -440,7 +443,7 @@ class _PutResults(Sequence[OpResult]):
         return self._built
 
     def __len__(self) -> int:
-        return len(self._columns[1])
+        return self._range_deletes + len(self._columns[1])
 
     @overload
     def __getitem__(self, index: int) -> OpResult: ...
@@ -485,20 +488,47 @@ def _all_empty(lists: pa.ListArray) -> bool:
     return not pc.max(pc.list_value_length(lists)).as_py()
 
 
-def _plain_puts(batch: pa.RecordBatch) -> bool:
-    """Whether every op of `batch` is a put without session, sequence or secondary index,
-    and there are enough of them for the columnar apply."""
-    n = batch.num_rows
-    return (
-        n >= _COLUMNAR_MIN_OPS
-        and pc.all(pc.equal(batch.column("op"), _PUT)).as_py()
-        and batch.column("session_id").null_count == n
-        and _all_empty(batch.column("sequence_key_delta"))
-        and _all_empty(batch.column("secondary_indexes"))
+def _leading_range_deletes(batch: pa.RecordBatch) -> int | None:
+    """How many range deletes lead `batch` when every op after them is a put without
+    session, sequence or secondary index, and there are enough puts for the columnar
+    apply (a DataFrame overwrite is such an entry: its range, then its rows); else None."""
+    ops = batch.column("op")
+    leading = pc.index(pc.not_equal(ops, _DELETE_RANGE), True).as_py()
+    if leading < 0 or batch.num_rows - leading < _COLUMNAR_MIN_OPS:
+        return None
+    puts = batch.slice(leading)
+    plain = (
+        pc.all(pc.equal(puts.column("op"), _PUT)).as_py()
+        and puts.column("session_id").null_count == puts.num_rows
+        and _all_empty(puts.column("sequence_key_delta"))
+        and _all_empty(puts.column("secondary_indexes"))
     )
+    return leading if plain else None
 
 
-def _stored_headers(stored: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+def _encoded_ranges(range_deletes: pa.RecordBatch) -> list[tuple[bytes, bytes]]:
+    """The encoded [start, end) ranges of DELETE_RANGE rows, empty or inverted ones left
+    out, as the loop leaves them out."""
+    ranges = []
+    for start, end in zip(
+        encode_key_list(range_deletes.column("key")), range_deletes.column("end_key").to_pylist()
+    ):
+        stop = encode_key(end) if end else USER_KEYS_END
+        if start < stop:
+            ranges.append((start, stop))
+    return ranges
+
+
+def _in_ranges(keys: pa.BinaryArray, ranges: Sequence[tuple[bytes, bytes]]) -> np.ndarray:
+    """Whether each encoded key lies in one of the encoded [start, end) ranges."""
+    inside = np.zeros(len(keys), bool)
+    for start, end in ranges:
+        within = pc.and_(pc.greater_equal(keys, start), pc.less(keys, end))
+        inside |= within.to_numpy(zero_copy_only=False)
+    return inside
+
+
+def _stored_headers(stored: Sequence[bytes | None] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(whether each key exists, its record header; zeros where it does not)."""
     records = pa.array(stored, pa.binary())
     exists = pc.is_valid(records).to_numpy(zero_copy_only=False)
@@ -750,9 +780,10 @@ class ShardStateMachine(ShardReader):
             batch = pa.concat_batches(
                 [batch.replace_schema_metadata(None), *pieces]
             ).replace_schema_metadata(metadata)
-        if _plain_puts(batch):
+        leading_ranges = _leading_range_deletes(batch)
+        if leading_ranges is not None:
             applied_columnar = self._apply_plain_puts(
-                entry.offset, batch, now, position, origin, previous_serial, drop
+                entry.offset, batch, leading_ranges, now, position, origin, previous_serial, drop
             )
             if applied_columnar is not None:
                 return applied_columnar
@@ -974,25 +1005,43 @@ class ShardStateMachine(ShardReader):
         self._applied = position
         self._next_version_id = next_version_id
 
+    def _records_outside(
+        self, keys: list[bytes], ranges: list[tuple[bytes, bytes]]
+    ) -> list[bytes | None] | np.ndarray:
+        """The stored record of each key; None, without a lookup, for a key in one of
+        `ranges`, which the entry deletes before its puts."""
+        if not ranges:
+            return self._store.multi_get(keys)
+        inside = _in_ranges(pa.array(keys, pa.binary()), ranges)
+        stored = np.full(len(keys), None, object)
+        if not inside.all():
+            stored[~inside] = self._store.multi_get(np.array(keys, object)[~inside].tolist())
+        return stored
+
     def _apply_plain_puts(
         self,
         offset: int,
-        batch: pa.RecordBatch,
+        entry_batch: pa.RecordBatch,
+        leading_ranges: int,
         now: int,
         position: LogPosition,
         origin: ClientSerial | None,
         previous_serial: bytes | None,
         drop: tuple[bytes, bytes] | None,
     ) -> EntryResult | None:
-        """The general loop's effect for an entry of plain puts, computed column by column
-        (bulk writes are such entries). None, having changed nothing, when an op needs
-        the loop: a key named twice, an expected version not met, or a record replaced
-        that has secondary index entries."""
+        """The general loop's effect for an entry of `leading_ranges` range deletes, then
+        plain puts, computed column by column (bulk writes and overwrites are such
+        entries). None, having changed nothing, when an op needs the loop: a key named
+        twice, an expected version not met, or a record replaced that has secondary
+        index entries. A put inside a deleted range creates its key afresh, so it needs
+        no lookup."""
+        batch = entry_batch.slice(leading_ranges)
         n = batch.num_rows
         keys = encode_key_list(batch.column("key"))
         if len(set(keys)) != n:
             return None
-        exists, old = _stored_headers(self._store.multi_get(keys))
+        ranges = _encoded_ranges(entry_batch.slice(0, leading_ranges))
+        exists, old = _stored_headers(self._records_outside(keys, ranges))
         if (old["flags"] & _HAS_INDEXES).any():
             return None
         expected = batch.column("expected_version_id")
@@ -1031,8 +1080,12 @@ class ShardStateMachine(ShardReader):
             result_header["status"] = Status.OK
             result_header["flags"] = _RESULT_RECORD
             result_header["length"] = pc.binary_length(heads).to_numpy()
-            results = _COUNTER.pack(n) + _concatenated(
-                pc.binary_join_element_wise(_packed_binary(result_header), heads, b"")
+            results = (
+                _COUNTER.pack(leading_ranges + n)
+                + encode_results([_OK] * leading_ranges)[_COUNTER.size :]
+                + _concatenated(
+                    pc.binary_join_element_wise(_packed_binary(result_header), heads, b"")
+                )
             )
             serial = (origin, results, previous_serial)
         int64 = pa.int64()
@@ -1050,12 +1103,19 @@ class ShardStateMachine(ShardReader):
             ],
             schema=change_log.CHANGES_SCHEMA,
         )
+        range_changes = change_log.entry_changes({}, {}, ranges, {})
+        if range_changes is not None:
+            changes = pa.concat_batches([range_changes, changes])
+        internal = InternalOverlay(self._store)
+        for start, end in ranges:
+            secondary_indexes.remove_range(internal, start, end)
+        internal_puts, internal_deletes = internal.writes()
         self._write_entry(
             offset,
             now,
             position,
             self._next_version_id + n,
-            (list(zip(keys, records.to_pylist())), [], []),
+            (list(zip(keys, records.to_pylist())) + internal_puts, internal_deletes, ranges),
             changes,
             serial,
             drop,
@@ -1063,6 +1123,7 @@ class ShardStateMachine(ShardReader):
         return EntryResult(
             offset,
             _PutResults(
+                leading_ranges,
                 value,
                 header,
                 batch.column("client_identity"),
