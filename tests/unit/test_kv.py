@@ -88,6 +88,20 @@ def test_write_applies_ranges_then_deletes_then_puts(kv: KvStore) -> None:
     assert list(kv.scan(b"", None)) == [(b"b", b"new"), (b"c", b"vc"), (b"e", b"ve")]
 
 
+def test_write_takes_its_puts_as_made_by_a_generator(kv: KvStore) -> None:
+    """A large apply hands its records over as they are made (state_machine._items)."""
+    made: list[bytes] = []
+
+    def puts() -> Iterator[tuple[bytes, bytes]]:
+        for i in range(3):
+            made.append(b"k%d" % i)
+            yield made[-1], b"v%d" % i
+
+    kv.write(puts(), [b"old"], [])
+    assert made == [b"k0", b"k1", b"k2"]  # consumed once
+    assert list(kv.scan(b"", None)) == [(b"k0", b"v0"), (b"k1", b"v1"), (b"k2", b"v2")]
+
+
 def test_long_scan_survives_writes_while_suspended(kv: KvStore) -> None:
     keys = [b"k%05d" % i for i in range(5000)]
     fill(kv, keys)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any, Protocol, cast
 
@@ -78,11 +78,12 @@ class KvSnapshot(KvReader, Protocol):
 class KvStore(KvReader, Protocol):
     def write(
         self,
-        puts: list[Item],
+        puts: Iterable[Item],
         deletes: list[bytes],
         delete_ranges: list[tuple[bytes, bytes]],
     ) -> None:
-        """Apply all changes atomically: delete_ranges first, then deletes, then puts."""
+        """Apply all changes atomically: delete_ranges first, then deletes, then puts
+        (consumed once, so a large write's items can be made as they are written)."""
         ...
 
     def flush(self) -> None:
@@ -289,7 +290,7 @@ class RocksKv(_RocksReader):
 
     def write(
         self,
-        puts: list[Item],
+        puts: Iterable[Item],
         deletes: list[bytes],
         delete_ranges: list[tuple[bytes, bytes]],
     ) -> None:
@@ -397,11 +398,12 @@ class MemoryKv(_SortedReader):
 
     def write(
         self,
-        puts: list[Item],
+        puts: Iterable[Item],
         deletes: list[bytes],
         delete_ranges: list[tuple[bytes, bytes]],
     ) -> None:
         data = self._sorted()
+        puts = list(puts)
         # Validate everything before changing anything: the write is all or nothing.
         keys = (
             [key for key, _ in puts] + deletes + [bound for pair in delete_ranges for bound in pair]

@@ -14,8 +14,9 @@ batch see the effects of the ops before them.
 from __future__ import annotations
 
 import enum
+import itertools
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, overload
 
@@ -506,6 +507,18 @@ def _leading_range_deletes(batch: pa.RecordBatch) -> int | None:
     return leading if plain else None
 
 
+#: A columnar apply hands its records to the KV write this many at a time, as Python
+#: bytes: all at once, a large entry's records would be held twice more.
+_ITEMS_PER_SLICE = 16_384
+
+
+def _items(keys: list[bytes], records: pa.BinaryArray) -> Iterator[tuple[bytes, bytes]]:
+    """(key, record) pairs, made a slice at a time as the KV write consumes them."""
+    for start in range(0, len(keys), _ITEMS_PER_SLICE):
+        stop = start + _ITEMS_PER_SLICE
+        yield from zip(keys[start:stop], records.slice(start, _ITEMS_PER_SLICE).to_pylist())
+
+
 def _encoded_ranges(range_deletes: pa.RecordBatch) -> list[tuple[bytes, bytes]]:
     """The encoded [start, end) ranges of DELETE_RANGE rows, empty or inverted ones left
     out, as the loop leaves them out."""
@@ -780,6 +793,7 @@ class ShardStateMachine(ShardReader):
             batch = pa.concat_batches(
                 [batch.replace_schema_metadata(None), *pieces]
             ).replace_schema_metadata(metadata)
+            del pieces  # the publish holds its rows once, not twice, while it applies them
         leading_ranges = _leading_range_deletes(batch)
         if leading_ranges is not None:
             applied_columnar = self._apply_plain_puts(
@@ -975,7 +989,7 @@ class ShardStateMachine(ShardReader):
         now: int,
         position: LogPosition,
         next_version_id: int,
-        writes: tuple[list[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, bytes]]],
+        writes: tuple[Iterable[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, bytes]]],
         change_batch: pa.RecordBatch | None,
         serial: tuple[ClientSerial, bytes, bytes | None] | None,
         drop: tuple[bytes, bytes] | None = None,
@@ -987,21 +1001,23 @@ class ShardStateMachine(ShardReader):
         puts, deletes, ranges = writes
         if drop is not None:
             ranges = [*ranges, drop]
-        puts.append((APPLIED_KEY, _pack_position(position)))
-        puts.append((NEXT_VERSION_ID_KEY, _COUNTER.pack(next_version_id)))
+        more_puts = [
+            (APPLIED_KEY, _pack_position(position)),
+            (NEXT_VERSION_ID_KEY, _COUNTER.pack(next_version_id)),
+        ]
         if serial is not None:
             origin, results, previous_serial = serial
             serial_puts, serial_deletes = serial_changes(
                 self._store, origin.client_id, origin.serial, now, results, previous_serial
             )
-            puts.extend(serial_puts)
+            more_puts.extend(serial_puts)
             deletes.extend(serial_deletes)
         change_puts, change_deletes = change_log.record_changes(
             self._store, offset, now, change_batch
         )
-        puts.extend(change_puts)
+        more_puts.extend(change_puts)
         deletes.extend(change_deletes)
-        self._store.write(puts, deletes, ranges)
+        self._store.write(itertools.chain(puts, more_puts), deletes, ranges)
         self._applied = position
         self._next_version_id = next_version_id
 
@@ -1115,7 +1131,7 @@ class ShardStateMachine(ShardReader):
             now,
             position,
             self._next_version_id + n,
-            (list(zip(keys, records.to_pylist())) + internal_puts, internal_deletes, ranges),
+            (itertools.chain(_items(keys, records), internal_puts), internal_deletes, ranges),
             changes,
             serial,
             drop,
