@@ -34,7 +34,7 @@ from pyspark.sql.datasource import (
 
 from quorumstore import Client
 from quorumstore.data_client import DataClient, DataClientError, key_hash, read_ipc
-from quorumstore.node.data_api import MAX_ENTRY_BYTES, PIECE_BYTES
+from quorumstore.node.data_api import MAX_ENTRY_BYTES, MAX_WRITE_BYTES, PIECE_BYTES
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.spark.datasource_keys import KeyFilter, intersect, prefix_ranges
@@ -367,6 +367,45 @@ def test_a_part_larger_than_one_entry_is_published_whole(client: DataClient) -> 
     assert set(changes.column("offset").to_pylist()) == {done.offset}
     assert pc.all(pc.equal(changes.column("key"), keys)).as_py()
     assert client.publish(shard, write_id, parts, origin=origin).duplicate
+
+
+def test_a_part_above_the_write_limit_is_refused_whole(client: DataClient) -> None:
+    """A shard's part above MAX_WRITE_BYTES is refused by the check the job's commit runs
+    first and by the publish itself, clearly and before anything is replicated."""
+    prefix = unique("huge")
+    candidates = pa.array([f"{prefix}{i:06d}" for i in range(60_000)])
+    shard = 0
+    keys = client.route(
+        pa.table({"key": candidates, "value": pa.nulls(len(candidates), pa.binary())})
+    )[shard].column("key")
+    row_bytes = 64 * 1024
+    keys = keys.slice(0, MAX_WRITE_BYTES // row_bytes + 8)
+    values = pc.binary_join_element_wise(
+        pc.cast(keys, pa.binary()), pa.scalar(b"#" * (row_bytes - len(keys[0].as_py()))), b""
+    )
+    part = pa.table({"key": keys, "value": values})
+    assert part.nbytes > MAX_WRITE_BYTES
+    write_id = uuid.uuid4().hex
+    chunks = 0
+    for chunks, start in enumerate(range(0, part.num_rows, 128), start=1):
+        client.stage(shard, write_id, "p0-a0", chunks - 1, part.slice(start, 128))
+    origin = ClientSerial(f"spark-write/{write_id}", 0)
+    head = client.offsets(shard).commit_offset
+    for validate_only in (True, False):
+        with pytest.raises(DataClientError) as caught:
+            client.publish(
+                shard,
+                write_id,
+                [("p0-a0", chunks, part.num_rows)],
+                origin=origin,
+                validate_only=validate_only,
+            )
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"above the limit of {MAX_WRITE_BYTES} bytes" in str(caught.value)
+        assert "split it into smaller writes" in str(caught.value)
+    assert client.offsets(shard).commit_offset == head  # nothing was replicated
+    assert sum(b.num_rows for b, _ in client.scan(shard, ranges=prefix_ranges(prefix))) == 0
+    client.discard(write_id)
 
 
 def test_publishing_rows_that_are_not_staged_fails_cleanly(client: DataClient) -> None:
