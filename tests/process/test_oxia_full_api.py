@@ -20,9 +20,11 @@ from typing import Any, TypeVar
 import grpc
 import oxia
 import oxia.ex
+import pyarrow as pa
 import pytest
 
 from conftest import LocalCluster, poll_until
+from quorumstore.data_client import DataClient
 from quorumstore.node.client_api import CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
@@ -250,6 +252,37 @@ def test_floor_ceiling_lower_higher_gets(client: oxia.Client) -> None:
     assert client.get("/cmp/30", comparison_type=cmp.HIGHER)[0] == "/cmp/20/x"
     with pytest.raises(oxia.ex.KeyNotFound):
         client.get("/cmp/10", comparison_type=cmp.LOWER)
+
+
+def test_a_large_write_reaches_a_notification_subscriber(
+    cluster: LocalCluster, client: oxia.Client
+) -> None:
+    """A DataFrame-sized write: one entry per shard of ~25,000 keys of 200 bytes, about
+    5 MB of notifications each, more than the official client takes in one message."""
+    notifications = client.get_notifications()
+    received: list[oxia.defs.Notification] = []
+
+    def collect() -> None:
+        for n in notifications:
+            received.append(n)  # noqa: PERF402 - one by one, as they arrive
+
+    threading.Thread(target=collect, daemon=True).start()
+    prefix = f"/large-{uuid.uuid4().hex[:8]}/"
+    keys = [f"{prefix}{i:06d}/" + "x" * 180 for i in range(75_000)]
+    rows = pa.table({"key": keys, "value": pa.array([b""] * len(keys), pa.binary())})
+    with DataClient(cluster.nodes[0]) as data:
+        parts = data.route(rows)
+        assert len(parts) == 3 and all(p.num_rows > 20_000 for p in parts.values())
+        for shard, part in parts.items():
+            data.write(shard, part)
+
+    def ours() -> list[str]:
+        return [n.key() for n in list(received) if n.key().startswith(prefix)]
+
+    poll_until(lambda: len(ours()) >= len(keys), 60, "every key's notification")
+    time.sleep(0.5)  # any duplicate would arrive now
+    assert sorted(ours()) == keys
+    notifications.close()
 
 
 # ------------------------------------------------------------------ bad input

@@ -30,6 +30,7 @@ from quorumstore.node.client_api import (
     ShardHostApi,
 )
 from quorumstore.node.forwarding import ROUTING_METADATA_KEY
+from quorumstore.node.transport import SERVER_OPTIONS
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.proto import replication_pb2 as rpb
@@ -170,7 +171,7 @@ class ServerThread:
         self.address = f"127.0.0.1:{self.port}"
 
     async def _start(self, limits: dict[str, Any]) -> int:
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(options=SERVER_OPTIONS)  # as a node's
         self.servicer = OxiaClientServicer(self.directory, **limits)
         oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(self.servicer, self._server)
         port = self._server.add_insecure_port("127.0.0.1:0")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow as pa
 import pytest
 from test_client_api import (
     FOLLOWER_HINT,
@@ -27,11 +28,14 @@ from test_client_api import (
 )
 
 from quorumstore.node.client_api import CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY
+from quorumstore.node.notifications import BATCH_NOTIFICATIONS, notification_batches
 from quorumstore.node.sessions import SessionKeeper
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.protocol.types import LogPosition
+from quorumstore.storage.change_log import CHANGES_SCHEMA, ChangeEvent
 from quorumstore.storage.sessions import SessionInfo
+from quorumstore.storage.write_batch import Op
 
 FAST = {"session_check_interval_s": 0.005, "stream_poll_interval_s": 0.005}
 
@@ -326,6 +330,61 @@ def test_notifications_start_at_the_present_and_resume_from_an_offset(cluster: C
     assert list(next(caught_up).notifications) == ["/z"]
     caught_up.cancel()
     assert_invalid(lambda: next(notifications(cluster, start=-2)), "offsets start at -1")
+
+
+def test_a_large_entry_is_notified_in_batches_a_default_grpc_client_can_receive(
+    cluster: Cluster,
+) -> None:
+    """20,000 keys of 240 bytes in one entry are 4.8 MB of notifications, over the 4 MiB a
+    gRPC client (this stub, the official Oxia clients) accepts in one message. They come
+    in batches; all but the last carry the offset before the entry, so a client that
+    resumes after any of them gets the entry again, whole, instead of losing its rest."""
+    cluster.put("/before")
+    keys = [f"/bulk/{i:05d}/" + "k" * 228 for i in range(20_000)]
+    cluster.write(puts=[pb.PutRequest(key=k, value=b"") for k in keys])
+
+    def batches_of_the_entry(start: int) -> list[pb.NotificationBatch]:
+        stream = notifications(cluster, start=start)
+        batches = [next(stream)]
+        while batches[-1].offset != 1:
+            batches.append(next(stream))
+        stream.cancel()
+        return batches
+
+    batches = batches_of_the_entry(0)
+    assert [b.offset for b in batches] == [0] * (len(batches) - 1) + [1]
+    assert len(batches) >= 5
+    assert all(b.ByteSize() < 2 * 1024 * 1024 for b in batches)
+    notified = [k for b in batches for k in b.notifications]
+    assert sorted(notified) == keys  # each once
+    assert all(n.type == pb.KEY_CREATED for b in batches for n in b.notifications.values())
+    again = batches_of_the_entry(batches[1].offset)  # resumed after a part
+    assert sorted(k for b in again for k in b.notifications) == keys
+
+
+def test_an_entry_of_many_small_changes_is_cut_by_count_too() -> None:
+    n = 2 * BATCH_NOTIFICATIONS + 7
+    changes = pa.RecordBatch.from_pydict(
+        {
+            "key": [f"{i}" for i in range(n)],
+            "operation": [Op.DELETE.value] * n,
+            "value": [None] * n,
+            "version_id": [None] * n,
+            "modifications_count": [None] * n,
+            "created_ms": [None] * n,
+            "modified_ms": [None] * n,
+            "range_end": [None] * n,
+            "event": [ChangeEvent.KEY_DELETED.value] * n,
+        },
+        schema=CHANGES_SCHEMA,
+    )
+    batches = list(notification_batches(3, 10, NOW_MS, changes))
+    assert [(b.shard, b.offset, len(b.notifications)) for b in batches] == [
+        (3, 9, BATCH_NOTIFICATIONS),
+        (3, 9, BATCH_NOTIFICATIONS),
+        (3, 10, 7),
+    ]
+    assert sorted(k for b in batches for k in b.notifications) == sorted(map(str, range(n)))
 
 
 def test_notifications_past_their_retention_are_out_of_range(cluster: Cluster) -> None:

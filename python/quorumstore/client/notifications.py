@@ -3,7 +3,9 @@
 Each shard streams one batch per log entry that changed something, tagged with the
 entry's offset. The subscription follows each shard's leader and, after a failure,
 re-opens the shard's stream after the last offset it delivered: the change log is
-replicated, so a new leader continues exactly there, with no gap and no repeat.
+replicated, so a new leader continues exactly there, with no gap and no repeat. (A
+large entry comes in several batches, all but the last tagged with the offset before
+it, see `quorumstore.node.notifications`: a failure between them repeats the entry.)
 `offsets` is what to pass as `start_offsets` to resume in a new subscription.
 """
 

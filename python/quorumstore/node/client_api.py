@@ -56,7 +56,7 @@ from quorumstore.event_loops import abandon
 from quorumstore.node import forwarding
 from quorumstore.node.aborts import abort
 from quorumstore.node.forwarding import Relays, Routing
-from quorumstore.node.notifications import notification_batch, position_batch
+from quorumstore.node.notifications import notification_batches, position_batch
 from quorumstore.node.plain_puts import PlainPuts, plain_puts
 from quorumstore.node.sessions import SessionKeeper
 from quorumstore.node.write_coalescer import WriteCoalescer
@@ -1061,7 +1061,8 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
     async def GetNotifications(
         self, request: pb.NotificationsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.NotificationBatch]:
-        """One batch per entry after `start_offset_exclusive`, from the shard's change log.
+        """The batches of each entry after `start_offset_exclusive` (one, unless the entry
+        is large: see `notifications`), from the shard's change log.
 
         Without an offset the stream starts at the last applied entry, announced by an
         empty batch at that offset (as Oxia does). A resumed stream with nothing new
@@ -1104,7 +1105,8 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 applied = reader.applied_position.offset
                 if applied > last:
                     for offset, timestamp_ms, changes in reader.read_changes(last, applied):
-                        yield notification_batch(shard, offset, timestamp_ms, changes)
+                        for batch in notification_batches(shard, offset, timestamp_ms, changes):
+                            yield batch
                         announced = True
                     last = applied
                 if not announced:
