@@ -12,6 +12,7 @@ import random
 import pyarrow as pa
 import pytest
 
+from quorumstore.spark import arrow_values
 from quorumstore.spark.arrow_values import NotArrowValue
 from quorumstore.spark.datasource_values import SchemaError, ValueCodec, parse_schema
 from quorumstore.spark.json_values import base64_decoded
@@ -180,6 +181,63 @@ def test_a_value_that_is_not_one_arrow_row_is_a_clear_error(value: bytes, why: s
     good = c.encode(pa.RecordBatch.from_pylist([{"name": "a", "age": 1}], c.arrow))[0].as_py()
     with pytest.raises(NotArrowValue, match=why):
         c.decode(pa.array([good, value]))
+
+
+NESTED = (
+    "tags ARRAY<STRING>, m MAP<STRING, ARRAY<INT>>, s STRUCT<x: MAP<STRING, INT>, y: INT>, "
+    "grid ARRAY<ARRAY<STRING>>"
+)
+
+
+def _nested_row(rng: random.Random) -> dict[str, object]:
+    def some(make: object, most: int = 40) -> object:
+        """None, empty, or up to `most` items: every shape at every depth."""
+        kind = rng.random()
+        if kind < 0.15:
+            return None
+        return [make() for _ in range(0 if kind < 0.3 else rng.randint(1, most))]  # type: ignore[operator]
+
+    return {
+        "tags": some(lambda: "t" * rng.randint(0, 30)),
+        "m": some(lambda: (f"k{rng.random()}", some(lambda: rng.randint(0, 9)))),
+        "s": None if rng.random() < 0.1 else {"x": some(lambda: (f"x{rng.random()}", 1)), "y": 2},
+        "grid": some(lambda: some(lambda: "g" * 20)),
+    }
+
+
+def test_an_arrow_value_of_nested_lists_holds_only_its_own_row() -> None:
+    """Rows with empty or null lists or maps at any depth among rows with long ones:
+    each value reads alone as its row and is no larger than its row written alone."""
+    c = codec(NESTED, fmt="arrow")
+    rng = random.Random(5)
+    rows = [_nested_row(rng) for _ in range(400)]
+    batch = pa.RecordBatch.from_pylist(rows, schema=c.arrow)
+    stored = c.encode(batch).to_pylist()
+    for i, value in enumerate(stored):
+        alone = pa.ipc.open_stream(value).read_all()
+        assert alone.to_pylist() == pa.Table.from_batches([batch.slice(i, 1)]).to_pylist()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch.take([i]))
+        assert len(value) <= len(sink.getvalue()), f"row {i} carries more than its own data"
+    assert pa.Table.from_arrays(c.decode(pa.array(stored)), schema=c.arrow).equals(
+        pa.Table.from_batches([batch])
+    )
+
+
+def test_rows_whose_lists_all_hold_something_are_written_as_one_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    streams = []
+    write_stream = arrow_values._stream
+    monkeypatch.setattr(
+        arrow_values, "_stream", lambda *a, **k: streams.append(1) or write_stream(*a, **k)
+    )
+    c = codec(NESTED, fmt="arrow")
+    full = {"tags": ["a"], "m": [("k", [1])], "s": {"x": [("x", 1)], "y": 1}, "grid": [["g"]]}
+    empty = {"tags": ["a"], "m": [("k", [])], "s": {"x": [("x", 1)], "y": 1}, "grid": [["g"]]}
+    c.encode(pa.RecordBatch.from_pylist([full] * 1000 + [empty] * 3, schema=c.arrow))
+    assert len(streams) == 1 + 3  # the full rows together, each row with an empty list alone
 
 
 def test_an_arrow_value_holds_only_its_own_row_when_its_list_is_empty() -> None:

@@ -4,7 +4,8 @@ holding the value columns' schema message, a one-row record batch and the end ma
 A stream per value makes every value self-describing, but writing or reading one stream
 per value costs tens of microseconds. Both directions therefore work on whole columns:
 `encode` writes all rows as one stream of one-row batches (pyarrow's own loop) and cuts
-it into per-value streams; `decode` joins the values that share a schema message into
+it into per-value streams (except rows holding an empty or null list or map, written
+one by one: see `encode`); `decode` joins the values that share a schema message into
 one stream (their schema once, their batches in order) and reads it in one call. The
 bytes are cut and joined by Arrow compute kernels, not per value.
 """
@@ -37,16 +38,50 @@ def _stream(batch: pa.RecordBatch, max_chunksize: int | None = None) -> pa.Buffe
     return sink.getvalue()
 
 
+def _holds_an_empty_list(array: pa.Array) -> np.ndarray:
+    """Per row: whether it holds, at any depth, a list or map that is empty or null."""
+    t = array.type
+    flags = np.zeros(len(array), bool)
+    if not holds(t, _is_list_or_map):
+        return flags
+    if pa.types.is_struct(t):
+        for field in array.flatten():  # a null struct's fields are null
+            flags |= _holds_an_empty_list(field)
+        return flags
+    # A row's child values are values[offsets[row]:offsets[row + 1]].
+    offsets = array.offsets.to_numpy()
+    flags |= (offsets[1:] == offsets[:-1]) | array.is_null().to_numpy(zero_copy_only=False)
+    if holds(array.values.type, _is_list_or_map):
+        inner = np.concatenate([[0], np.cumsum(_holds_an_empty_list(array.values))])
+        flags |= inner[offsets[1:]] > inner[offsets[:-1]]
+    return flags
+
+
 def encode(columns: pa.RecordBatch) -> pa.Array:
     """Each row of `columns` (at least one) as one Arrow IPC stream (binary)."""
+    if not any(holds(f.type, _is_list_or_map) for f in columns.schema):
+        return _one_stream_cut(columns)
+    # pyarrow's IPC writer writes more than a row's own child data for a one-row slice
+    # whose list or map is empty or null (a zero-length slice of the child: the whole
+    # child, in some versions), so such rows are copied out on their own first; a value
+    # then holds only its own row. The other rows go in one stream.
+    alone = np.zeros(columns.num_rows, bool)
+    for column in columns.columns:
+        alone |= _holds_an_empty_list(column)
+    if not alone.any():
+        return _one_stream_cut(columns)
+    rows_alone, rows_together = np.flatnonzero(alone), np.flatnonzero(~alone)
+    values = [_stream(columns.take([row])).to_pybytes() for row in rows_alone]
+    parts = [pa.array(values, pa.binary())]
+    if len(rows_together):
+        parts.insert(0, _one_stream_cut(columns.take(rows_together)))
+    order = np.argsort(np.concatenate([rows_together, rows_alone]))
+    return pa.concat_arrays(parts).take(pa.array(order))
+
+
+def _one_stream_cut(columns: pa.RecordBatch) -> pa.Array:
+    """Each row as one stream, cut out of one stream of one-row batches."""
     n = columns.num_rows
-    if any(holds(f.type, _is_list_or_map) for f in columns.schema):
-        # pyarrow's IPC writer writes the whole of a list's child data for a one-row slice
-        # whose list is empty or null (a zero-length slice of the child), so each row is
-        # copied out on its own first: a value then holds only its own row.
-        return pa.array(
-            [_stream(columns.take([row])).to_pybytes() for row in range(n)], pa.binary()
-        )
     stream = _stream(columns, max_chunksize=1)
     reader = pa.BufferReader(stream)
     pa.ipc.read_message(reader)
