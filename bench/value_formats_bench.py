@@ -4,7 +4,7 @@ A DataFrame write encodes each row's value columns into one stored value, and a 
 decodes them back; both run in Spark's Python workers for every row. This measures the
 codecs alone, on N rows, best of R runs, beside a peer that is the plain way to read
 the same values. Each format runs on a flat value (three columns) and on one with an
-array column too, empty in a third of the rows (arrow encodes those rows one by one;
+array column too, empty in a third of the rows (arrow copies those rows out one by one;
 see `arrow_values.encode`):
 
 - json: pyarrow's JSON reader over the same bytes, one object per line (the columnar

@@ -31,10 +31,10 @@ def _is_list_or_map(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_map(t)
 
 
-def _stream(batch: pa.RecordBatch, max_chunksize: int | None = None) -> pa.Buffer:
+def _stream(table: pa.Table, max_chunksize: int | None = None) -> pa.Buffer:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_table(pa.Table.from_batches([batch]), max_chunksize=max_chunksize)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max_chunksize)
     return sink.getvalue()
 
 
@@ -60,29 +60,28 @@ def _holds_an_empty_list(array: pa.Array) -> np.ndarray:
 def encode(columns: pa.RecordBatch) -> pa.Array:
     """Each row of `columns` (at least one) as one Arrow IPC stream (binary)."""
     if not any(holds(f.type, _is_list_or_map) for f in columns.schema):
-        return _one_stream_cut(columns)
+        return _one_stream_cut(pa.Table.from_batches([columns]))
     # pyarrow's IPC writer writes more than a row's own child data for a one-row slice
     # whose list or map is empty or null (a zero-length slice of the child: the whole
-    # child, in some versions), so such rows are copied out on their own first; a value
-    # then holds only its own row. The other rows go in one stream.
+    # child, in some versions), so such rows are first copied out each into a batch of
+    # its own, which the writer then writes whole: a value holds only its own row.
     alone = np.zeros(columns.num_rows, bool)
     for column in columns.columns:
         alone |= _holds_an_empty_list(column)
     if not alone.any():
-        return _one_stream_cut(columns)
+        return _one_stream_cut(pa.Table.from_batches([columns]))
     rows_alone, rows_together = np.flatnonzero(alone), np.flatnonzero(~alone)
-    values = [_stream(columns.take([row])).to_pybytes() for row in rows_alone]
-    parts = [pa.array(values, pa.binary())]
+    batches = [columns.take([row]) for row in rows_alone]
     if len(rows_together):
-        parts.insert(0, _one_stream_cut(columns.take(rows_together)))
-    order = np.argsort(np.concatenate([rows_together, rows_alone]))
-    return pa.concat_arrays(parts).take(pa.array(order))
+        batches.append(columns.take(rows_together))
+    order = np.argsort(np.concatenate([rows_alone, rows_together]))
+    return _one_stream_cut(pa.Table.from_batches(batches)).take(pa.array(order))
 
 
-def _one_stream_cut(columns: pa.RecordBatch) -> pa.Array:
+def _one_stream_cut(rows: pa.Table) -> pa.Array:
     """Each row as one stream, cut out of one stream of one-row batches."""
-    n = columns.num_rows
-    stream = _stream(columns, max_chunksize=1)
+    n = rows.num_rows
+    stream = _stream(rows, max_chunksize=1)
     reader = pa.BufferReader(stream)
     pa.ipc.read_message(reader)
     bounds = np.empty(n + 1, np.int64)
