@@ -664,6 +664,49 @@ def test_bad_settings_fail_at_once_naming_them(
     assert time.monotonic() - started < 10
 
 
+def _files_open_under(jvm: Jvm, directory: Path) -> int:
+    """How many files under `directory` this JVM holds open (unlinked ones too)."""
+    pid = jvm.jvm.java.lang.ProcessHandle.current().pid()
+    held = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            held += os.readlink(fd).startswith(f"{directory}/")
+        except OSError:  # closed meanwhile
+            continue
+    return held
+
+
+def test_a_replaced_local_copy_frees_its_file_when_its_last_store_ends(
+    jvm: Jvm, tmp_path: Path
+) -> None:
+    """A load that rebuilds the local copy (here: an older version) leaves the copy it
+    replaces to the stores still reading it, and closes its file when the last one ends:
+    the file is unlinked, so only closing it gives its disk space back."""
+    spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
+    writer = jvm.provider(PROVIDER_CLASS, "replaced", spec)
+    for version in range(3):
+        store = jvm.store(writer, version)
+        for n in range(300):
+            store.put(jvm.row("k", n), jvm.row(version), "default")
+        store.commit()
+
+    local = tmp_path / "local"
+    confs = {"spark.quorumstore.stateStore.localDir": str(local)}
+    provider = jvm.provider(PROVIDER_CLASS, "replaced", spec, quorum_confs=confs)
+    newest = provider.getReadStore(3, jvm.none)  # loaded in bulk: packed into a file
+    assert _files_open_under(jvm, local) == 1
+    older = jvm.store(provider, 1)  # not on the lineage below the local copy: rebuilt
+    assert _files_open_under(jvm, local) == 2
+    assert {v for _, (v,) in jvm.rows(newest.iterator("default"))} == {2}  # still readable
+    newest.abort()
+    assert _files_open_under(jvm, local) == 1
+    assert {v for _, (v,) in jvm.rows(older.iterator("default"))} == {0}
+    older.abort()
+    assert _files_open_under(jvm, local) == 1  # the local copy's
+    provider.close()
+    assert _files_open_under(jvm, local) == 0
+
+
 def test_local_copy_is_unlinked_in_the_local_dir_and_a_bad_dir_is_named(
     jvm: Jvm, tmp_path: Path
 ) -> None:

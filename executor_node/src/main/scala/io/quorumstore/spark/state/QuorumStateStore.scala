@@ -33,6 +33,7 @@ final class QuorumStateStore(
   @volatile private var commitStats = CommitStats(0L, 0L)
   @volatile private var commitMs = 0L
   @volatile private var validated = false
+  private val ended = new java.util.concurrent.atomic.AtomicBoolean(false)
 
   override def id: StateStoreId = provider.stateStoreId
 
@@ -232,13 +233,17 @@ final class QuorumStateStore(
     committedUid = Some(uid)
     commitStats = stats
     phase = Committed
+    end()
     version + 1
   }
 
   override def abort(): Unit = {
     if (phase == Updating) phase = Aborted
     if (!readOnly) provider.releaseWriter(this)
+    end()
   }
+
+  private def end(): Unit = if (ended.compareAndSet(false, true)) provider.storeEnded(view.base)
 
   override def release(): Unit = abort()
 

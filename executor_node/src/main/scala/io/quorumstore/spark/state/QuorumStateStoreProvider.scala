@@ -41,6 +41,10 @@ class QuorumStateStoreProvider
 
   // Guarded by `this`: loading, applying a commit and encoding a snapshot exclude each other.
   private var local: Option[LocalCopy] = None
+  // Guarded by `this`: how many stores not yet ended read each map (by identity). A map that
+  // is no longer the local copy is closed when its last store ends, which frees its files'
+  // disk space at once (they are unlinked) instead of whenever the JDK collects them.
+  private val storesOn = new java.util.IdentityHashMap[StateMap, Integer]()
   private var lastSnapshotVersion = 0L
   // Loads not yet reported: a batch's read store loads, its write store reports.
   private var unreportedLoadMs = 0L
@@ -143,6 +147,7 @@ class QuorumStateStoreProvider
       val store = new QuorumStateStore(this, version, copy.uid, new StateView(copy.map), head,
         followsHead = !storeConf.enableStateStoreCheckpointIds, readOnly = false,
         forceSnapshotOnCommit, loadMs, loads)
+      storeOpened(copy.map)
       writerOwner = store
       Option(TaskContext.get()).foreach(_.addTaskCompletionListener[Unit] { _ =>
         if (!store.hasCommitted) store.abort()
@@ -163,10 +168,34 @@ class QuorumStateStoreProvider
     readStore(version, copy)
   }
 
-  private def readStore(version: Long, copy: LocalCopy): QuorumStateStore =
+  private def readStore(version: Long, copy: LocalCopy): QuorumStateStore = {
+    storeOpened(copy.map)
     new QuorumStateStore(this, version, copy.uid, new StateView(copy.map), seenHead = None,
       followsHead = false, readOnly = true, forceSnapshot = false, loadTimeMs = 0L,
       storeLoads = 0L)
+  }
+
+  private def storeOpened(map: StateMap): Unit = synchronized {
+    storesOn.put(map, Option(storesOn.get(map)).fold(1)(_ + 1))
+  }
+
+  /** A store over `map` committed, aborted or was released (once per store). */
+  private[state] def storeEnded(map: StateMap): Unit = synchronized {
+    val left = storesOn.get(map) - 1
+    if (left > 0) storesOn.put(map, left)
+    else {
+      storesOn.remove(map)
+      if (!local.exists(_.map eq map)) map.close()
+    }
+  }
+
+  /** Makes `next` the local copy, closing the one it replaces if no store reads it. */
+  private def setLocal(next: Option[LocalCopy]): Unit = synchronized {
+    for (old <- local if !next.exists(_.map eq old.map) && !storesOn.containsKey(old.map)) {
+      old.map.close()
+    }
+    local = next
+  }
 
   /** A read-only store of `endVersion` rebuilt from the snapshot of `snapshotVersion`. */
   override def replayStateFromSnapshot(
@@ -182,7 +211,7 @@ class QuorumStateStoreProvider
     val copy = synchronized {
       val replayed = partition.replayFromSnapshot(snapshotVersion, endVersion,
         snapshotVersionStateStoreCkptId, endVersionStateStoreCkptId)
-      local = Some(replayed)
+      setLocal(Some(replayed))
       replayed
     }
     readStore(endVersion, copy)
@@ -219,10 +248,10 @@ class QuorumStateStoreProvider
       try partition.load(version, uniqueId, head, local)
       catch {
         case NonFatal(e) =>
-          local = None // a failed incremental load may have changed it halfway
+          setLocal(None) // a failed incremental load may have changed it halfway
           throw e
       }
-    local = Some(loaded.copy)
+    setLocal(Some(loaded.copy))
     loaded.snapshotVersion.foreach(v => lastSnapshotVersion = v)
     if (loaded.fromStore) {
       unreportedLoadMs += (System.nanoTime() - started) / 1000000L
@@ -248,7 +277,7 @@ class QuorumStateStoreProvider
       store.followsHead)
     synchronized {
       store.view.replay(store.view.base)
-      local = Some(LocalCopy(newVersion, uid, store.view.base))
+      setLocal(Some(LocalCopy(newVersion, uid, store.view.base)))
     }
     if (storeConf.commitValidationEnabled) {
       StateStore.reportCommitToCoordinator(newVersion, id, hadoopConf)
