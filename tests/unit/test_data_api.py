@@ -311,21 +311,28 @@ def test_staged_rows_are_invisible_until_published_once(
     assert scan_all(client, ranges=prefix_ranges("ghost/")) == {}
 
 
-def test_a_part_larger_than_one_entry_is_published_whole(client: DataClient) -> None:
-    """Above MAX_ENTRY_BYTES a shard's part goes out as replicated pieces that one entry
-    publishes: a reader sees none of it, then all of it, and its changes come chunked."""
-    prefix = unique("big")
-    candidates = pa.array([f"{prefix}{i:07d}" for i in range(1_100_000)])
-    shard = 0
+def sized_part(
+    client: DataClient, prefix: str, shard: int, rows: int, value_bytes: int
+) -> pa.Table:
+    """`rows` rows under `prefix` that route to `shard`, each value `value_bytes` long (its
+    key, then #)."""
+    candidates = pa.array([f"{prefix}{i:07d}" for i in range(rows * (SHARDS + 1))])
     keys = client.route(
         pa.table({"key": candidates, "value": pa.nulls(len(candidates), pa.binary())})
     )[shard].column("key")
-    size = 1000 - len(keys[0].as_py())  # ~1 kB a row
-    rows_needed = (MAX_ENTRY_BYTES + 2 * PIECE_BYTES) // 1000
-    assert len(keys) > rows_needed
-    keys = keys.slice(0, rows_needed)
-    values = pc.binary_join_element_wise(pc.cast(keys, pa.binary()), pa.scalar(b"#" * size), b"")
-    part = pa.table({"key": keys, "value": values})
+    assert len(keys) >= rows
+    keys = keys.slice(0, rows)
+    filler = pa.scalar(b"#" * (value_bytes - len(keys[0].as_py())))
+    values = pc.binary_join_element_wise(pc.cast(keys, pa.binary()), filler, b"")
+    return pa.table({"key": keys, "value": values})
+
+
+def test_a_part_larger_than_one_entry_is_published_whole(client: DataClient) -> None:
+    """Above MAX_ENTRY_BYTES a shard's part goes out as replicated pieces that one entry
+    publishes: a reader sees none of it, then all of it, and its changes come chunked."""
+    prefix, shard = unique("big"), 0
+    part = sized_part(client, prefix, shard, (MAX_ENTRY_BYTES + 2 * PIECE_BYTES) // 1000, 1000)
+    keys = part.column("key")
     assert part.nbytes > MAX_ENTRY_BYTES
     write_id = uuid.uuid4().hex
     halves = [part.slice(0, len(part) // 2), part.slice(len(part) // 2)]
@@ -372,18 +379,8 @@ def test_a_part_larger_than_one_entry_is_published_whole(client: DataClient) -> 
 def test_a_part_above_the_write_limit_is_refused_whole(client: DataClient) -> None:
     """A shard's part above MAX_WRITE_BYTES is refused by the check the job's commit runs
     first and by the publish itself, clearly and before anything is replicated."""
-    prefix = unique("huge")
-    candidates = pa.array([f"{prefix}{i:06d}" for i in range(60_000)])
-    shard = 0
-    keys = client.route(
-        pa.table({"key": candidates, "value": pa.nulls(len(candidates), pa.binary())})
-    )[shard].column("key")
-    row_bytes = 64 * 1024
-    keys = keys.slice(0, MAX_WRITE_BYTES // row_bytes + 8)
-    values = pc.binary_join_element_wise(
-        pc.cast(keys, pa.binary()), pa.scalar(b"#" * (row_bytes - len(keys[0].as_py()))), b""
-    )
-    part = pa.table({"key": keys, "value": values})
+    prefix, shard = unique("huge"), 0
+    part = sized_part(client, prefix, shard, MAX_WRITE_BYTES // (64 * 1024) + 8, 64 * 1024)
     assert part.nbytes > MAX_WRITE_BYTES
     write_id = uuid.uuid4().hex
     chunks = 0
