@@ -27,7 +27,14 @@ from test_client_api import (
     wait_until,
 )
 
-from quorumstore.node.client_api import CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY
+from quorumstore import AsyncClient
+from quorumstore.client.notifications import Notification
+from quorumstore.node import client_api
+from quorumstore.node.client_api import (
+    CLIENT_ID_METADATA_KEY,
+    SERIAL_METADATA_KEY,
+    RequestError,
+)
 from quorumstore.node.notifications import BATCH_NOTIFICATIONS, notification_batches
 from quorumstore.node.sessions import SessionKeeper
 from quorumstore.proto import oxia_client_pb2 as pb
@@ -360,6 +367,48 @@ def test_a_large_entry_is_notified_in_batches_a_default_grpc_client_can_receive(
     assert all(n.type == pb.KEY_CREATED for b in batches for n in b.notifications.values())
     again = batches_of_the_entry(batches[1].offset)  # resumed after a part
     assert sorted(k for b in again for k in b.notifications) == keys
+
+
+def test_quorumstores_client_skips_the_parts_it_had_when_a_stream_breaks_inside_an_entry(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream breaks (UNAVAILABLE) after the first batch of a large entry; re-opened
+    from the offset that batch carried, it sends the entry again from its start, and the
+    client delivers every key once."""
+    cut = iter([True])
+
+    def batches_broken_once(*args: Any) -> Iterator[pb.NotificationBatch]:
+        for i, batch in enumerate(notification_batches(*args)):
+            if i == 1 and next(cut, False):
+                raise RequestError(grpc.StatusCode.UNAVAILABLE, "the test cut the stream")
+            yield batch
+
+    monkeypatch.setattr(client_api, "notification_batches", batches_broken_once)
+    keys = [f"/bulk/{i:05d}/" + "k" * 228 for i in range(20_000)]
+    cluster.put("/before")  # offset 0: the subscription starts there, the entry is 1
+
+    async def subscribe() -> list[Notification]:
+        async with (
+            AsyncClient(cluster.server.address) as client,
+            client.notifications(0) as changes,
+        ):
+            await asyncio.to_thread(
+                cluster.write, puts=[pb.PutRequest(key=k, value=b"") for k in keys]
+            )
+            seen = []
+            async for n in changes:
+                seen.append(n)
+                if len(seen) == len(keys):
+                    break
+            with pytest.raises(TimeoutError):  # and nothing more comes
+                await asyncio.wait_for(changes.__anext__(), 0.5)
+            assert changes.offsets[0] == 1
+            return seen
+
+    seen = asyncio.run(subscribe())
+    assert next(cut, None) is None, "the stream was not cut"
+    assert sorted(n.key for n in seen) == keys
+    assert {n.offset for n in seen} == {0, 1}  # the parts carry the offset before
 
 
 def test_an_entry_of_many_small_changes_is_cut_by_count_too() -> None:

@@ -3,10 +3,12 @@
 Each shard streams one batch per log entry that changed something, tagged with the
 entry's offset. The subscription follows each shard's leader and, after a failure,
 re-opens the shard's stream after the last offset it delivered: the change log is
-replicated, so a new leader continues exactly there, with no gap and no repeat. (A
+replicated, so a new leader continues exactly there, with no gap and no repeat. A
 large entry comes in several batches, all but the last tagged with the offset before
-it, see `quorumstore.node.notifications`: a failure between them repeats the entry.)
-`offsets` is what to pass as `start_offsets` to resume in a new subscription.
+it (see `quorumstore.node.notifications`), so a stream broken between them sends the
+entry again from its start; the subscription skips the batches it already delivered,
+which every leader cuts alike. `offsets` is what to pass as `start_offsets` to resume
+in a new subscription (one started between such batches gets the entry whole).
 """
 
 from __future__ import annotations
@@ -100,15 +102,29 @@ class Subscription:
         return self
 
     async def _follow(self, shard: int) -> None:
+        # Batches of the entry after offsets[shard] delivered so far (a large entry's
+        # parts, which carry that offset), and how many of them a re-opened stream,
+        # which sends them again, still has to skip.
+        parts = skip = 0
+
         def open_stream(stub: OxiaClientStub) -> AsyncIterator[pb.NotificationBatch]:
+            nonlocal skip
             request = pb.NotificationsRequest(shard=shard)
             start = self.offsets[shard]
             if start is not None:
                 request.start_offset_exclusive = start
+            skip = parts
             return stub.GetNotifications(request, metadata=ROUTING_METADATA)
 
         try:
             async for batch in self._caller.stream(shard, open_stream, "notifications"):
+                if batch.notifications and batch.offset == self.offsets[shard]:
+                    if skip:
+                        skip -= 1
+                        continue
+                    parts += 1
+                elif batch.offset != self.offsets[shard]:
+                    parts = skip = 0
                 self.offsets[shard] = batch.offset
                 self._positioned.add(shard)
                 if len(self._positioned) == len(self.offsets):
