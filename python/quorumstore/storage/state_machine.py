@@ -493,8 +493,9 @@ def _leading_range_deletes(batch: pa.RecordBatch) -> int | None:
     """How many range deletes lead `batch` when every op after them is a put without
     session, sequence or secondary index, and there are enough puts for the columnar
     apply (a DataFrame overwrite is such an entry: its range, then its rows); else None."""
-    ops = batch.column("op")
-    leading = pc.index(pc.not_equal(ops, _DELETE_RANGE), True).as_py()
+    if batch.num_rows < _COLUMNAR_MIN_OPS:
+        return None  # most entries: no kernel runs for them
+    leading = pc.index(pc.not_equal(batch.column("op"), _DELETE_RANGE), True).as_py()
     if leading < 0 or batch.num_rows - leading < _COLUMNAR_MIN_OPS:
         return None
     puts = batch.slice(leading)
