@@ -545,20 +545,26 @@ def test_change_feed_of_versions_like_rocksdb(jvm: Jvm) -> None:
     assert [c[3] for c in later] == [1] * 40 + [2] * 41 + [3] * 40
 
 
+def commit_six_versions(jvm: Jvm, provider: object, removed: int, snapshot_at: int = 0) -> None:
+    """Versions 1-6: each puts ("k", n) for its n in 0-5, version 4 also removes
+    ("k", `removed`); maintenance runs once version `snapshot_at` is committed (if any)."""
+    for version in range(6):
+        store = jvm.store(provider, version)
+        store.put(jvm.row("k", version), jvm.row(version), "default")
+        if version == 3:
+            store.remove(jvm.row("k", removed), "default")
+        store.commit()
+        if version + 1 == snapshot_at:
+            provider.doMaintenance()
+
+
 def test_state_replayed_from_a_chosen_snapshot(jvm: Jvm) -> None:
     """snapshotStartBatchId's call: a version rebuilt from the snapshot named and the deltas
     after it; a version without a snapshot is refused, naming it."""
     spec = jvm.state.NoPrefixKeyStateEncoderSpec(jvm.schema("k string, n int"))
     confs = {"quorum_confs": {"spark.quorumstore.stateStore.snapshotInterval": "2"}}
     provider = jvm.provider(PROVIDER_CLASS, "replay", spec, **confs)
-    for version in range(6):
-        store = jvm.store(provider, version)
-        store.put(jvm.row("k", version), jvm.row(version), "default")
-        if version == 3:
-            store.remove(jvm.row("k", 0), "default")
-        store.commit()
-        if version + 1 == 2:
-            provider.doMaintenance()  # the only snapshot: version 2
+    commit_six_versions(jvm, provider, removed=0, snapshot_at=2)  # the only snapshot
     fresh = jvm.provider(PROVIDER_CLASS, "replay", spec, **confs)
     store = fresh.replayReadStateFromSnapshot(2, 5, jvm.none, jvm.none)
     assert [k[1] for k, _ in jvm.rows(store.iterator("default"))] == [1, 2, 3, 4]
@@ -577,12 +583,7 @@ def test_a_load_reads_its_chunks_a_few_at_a_time(jvm: Jvm) -> None:
         }
     }
     provider = jvm.provider(PROVIDER_CLASS, "paged-load", spec, **confs)
-    for version in range(6):
-        store = jvm.store(provider, version)
-        store.put(jvm.row("k", version), jvm.row(version), "default")
-        if version == 3:
-            store.remove(jvm.row("k", 1), "default")
-        store.commit()
+    commit_six_versions(jvm, provider, removed=1)
     fresh = jvm.store(jvm.provider(PROVIDER_CLASS, "paged-load", spec, **confs), 6)
     assert [k[1] for k, _ in jvm.rows(fresh.iterator("default"))] == [0, 2, 3, 4, 5]
     assert fresh.metrics().numKeys() == 5

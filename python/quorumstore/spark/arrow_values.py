@@ -4,8 +4,8 @@ holding the value columns' schema message, a one-row record batch and the end ma
 A stream per value makes every value self-describing, but writing or reading one stream
 per value costs tens of microseconds. Both directions therefore work on whole columns:
 `encode` writes all rows as one stream of one-row batches (pyarrow's own loop) and cuts
-it into per-value streams (except rows holding an empty or null list or map, written
-one by one: see `encode`); `decode` joins the values that share a schema message into
+it into per-value streams (a row holding an empty or null list or map goes in that
+stream as a batch of its own: see `encode`); `decode` joins the values that share a schema message into
 one stream (their schema once, their batches in order) and reads it in one call. The
 bytes are cut and joined by Arrow compute kernels, not per value.
 """
@@ -59,8 +59,6 @@ def _holds_an_empty_list(array: pa.Array) -> np.ndarray:
 
 def encode(columns: pa.RecordBatch) -> pa.Array:
     """Each row of `columns` (at least one) as one Arrow IPC stream (binary)."""
-    if not any(holds(f.type, _is_list_or_map) for f in columns.schema):
-        return _one_stream_cut(pa.Table.from_batches([columns]))
     # pyarrow's IPC writer writes more than a row's own child data for a one-row slice
     # whose list or map is empty or null (a zero-length slice of the child: the whole
     # child, in some versions), so such rows are first copied out each into a batch of

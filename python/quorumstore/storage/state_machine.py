@@ -44,6 +44,7 @@ from quorumstore.storage.write_batch import (
     VERSION_ID_NOT_EXISTS,
     ClientSerial,
     Op,
+    Staging,
     StagingKind,
     batch_origin,
     batch_staging,
@@ -523,14 +524,13 @@ def _items(keys: list[bytes], records: pa.BinaryArray) -> Iterator[tuple[bytes, 
 def _encoded_ranges(range_deletes: pa.RecordBatch) -> list[tuple[bytes, bytes]]:
     """The encoded [start, end) ranges of DELETE_RANGE rows, empty or inverted ones left
     out, as the loop leaves them out."""
-    ranges = []
-    for start, end in zip(
-        encode_key_list(range_deletes.column("key")), range_deletes.column("end_key").to_pylist()
-    ):
-        stop = encode_key(end) if end else USER_KEYS_END
-        if start < stop:
-            ranges.append((start, stop))
-    return ranges
+    ranges = [
+        key_range(start, end or "")
+        for start, end in zip(
+            range_deletes.column("key").to_pylist(), range_deletes.column("end_key").to_pylist()
+        )
+    ]
+    return [(start, end) for start, end in ranges if start < end]
 
 
 def _in_ranges(keys: pa.BinaryArray, ranges: Sequence[tuple[bytes, bytes]]) -> np.ndarray:
@@ -763,9 +763,7 @@ class ShardStateMachine(ShardReader):
         drop = None
         if stage is not None:
             if stage.kind is not StagingKind.PUBLISH:
-                return self._apply_staging(
-                    entry, now, position, stage.kind, stage.name, stage.number
-                )
+                return self._apply_staging(entry, now, position, stage)
             drop = staging.name_range(stage.name)
         origin = batch_origin(batch)
         previous_serial = None
@@ -964,21 +962,16 @@ class ShardStateMachine(ShardReader):
         self._applied = position
 
     def _apply_staging(
-        self,
-        entry: LogEntry,
-        now: int,
-        position: LogPosition,
-        kind: StagingKind,
-        name: str,
-        number: int,
+        self, entry: LogEntry, now: int, position: LogPosition, stage: Staging
     ) -> EntryResult:
         """Keeps a piece of a staged write, or drops a discarded write's pieces."""
         puts: list[tuple[bytes, bytes]] = []
         ranges: list[tuple[bytes, bytes]] = []
-        if kind is StagingKind.PIECE:
-            puts.append((staging.piece_key(name, number), staging.piece_record(now, entry.payload)))
+        if stage.kind is StagingKind.PIECE:
+            record = staging.piece_record(now, entry.payload)
+            puts.append((staging.piece_key(stage.name, stage.number), record))
         else:
-            ranges.append(staging.name_range(name))
+            ranges.append(staging.name_range(stage.name))
         self._write_entry(
             entry.offset, now, position, self._next_version_id, (puts, [], ranges), None, None
         )
