@@ -39,6 +39,7 @@ from pathlib import Path
 
 from quorumstore import event_loops
 from quorumstore.backoff import restart_backoff
+from quorumstore.node.data_format import DataFormatError
 from quorumstore.node.node import Node, NodeConfig
 from quorumstore.node.transport import probe_port
 from quorumstore.spark.config import node_path
@@ -127,7 +128,7 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
         try:
             _check_port_free(spec, index)
             address = await node.start()
-        except NodeConfigError:
+        except (NodeConfigError, DataFormatError):
             raise
         except Exception as e:  # noqa: BLE001 - a node that cannot start is retried, not fatal
             delay = backoff.delay_after()

@@ -28,6 +28,7 @@ from quorumstore import event_loops
 from quorumstore.addresses import host_port
 from quorumstore.backoff import restart_backoff
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
+from quorumstore.node.data_format import DataFormatError
 from quorumstore.node.failures import ReplicaFailure
 from quorumstore.storage.wal import WalError
 
@@ -745,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             _run_cluster(args)
         elif args.command == "status":
             _run_status(args)
-    except (CliError, MetadataError, WalError) as e:
+    except (CliError, DataFormatError, MetadataError, WalError) as e:
         print(f"quorumstore: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -36,6 +37,7 @@ from pyspark.sql import SparkSession
 from spark_failover_bench import failover_trial
 
 import quorumstore.spark
+from quorumstore.node.data_format import DATA_FORMAT, MARKER_FILE
 from quorumstore.spark.config import HostingConfig
 from quorumstore.spark.slots import current_slots
 
@@ -535,6 +537,27 @@ def test_a_start_timeout_says_why_a_node_could_not_start(
         quorumstore.spark.start(
             spark, nodes=NODES, shards=1, data_dir=tmp_path, base_port=base, start_timeout_s=6
         )
+    assert current_slots(spark.sparkContext).busy == 0
+
+
+@LOCAL
+def test_a_node_directory_in_another_format_fails_the_start_at_once(
+    spark: SparkSession, tmp_path: Path, free_port_block: Callable[[int], int]
+) -> None:
+    """A format this build cannot read is not retried as a start error would be: the
+    start fails with the reason, well before its timeout, and nothing is left running."""
+    base = free_port_block(NODES + 1)
+    (tmp_path / "node1").mkdir()
+    (tmp_path / "node1" / MARKER_FILE).write_text(json.dumps({"format": DATA_FORMAT + 1}))
+    started = time.monotonic()
+    with pytest.raises(
+        quorumstore.spark.ClusterStartError,
+        match=rf"node job .* failed while starting: .*node1 holds node data in format {DATA_FORMAT + 1}",
+    ):
+        quorumstore.spark.start(
+            spark, nodes=NODES, shards=1, data_dir=tmp_path, base_port=base, start_timeout_s=120
+        )
+    assert time.monotonic() - started < 60
     assert current_slots(spark.sparkContext).busy == 0
 
 

@@ -9,7 +9,6 @@ one put.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import fsspec
@@ -17,6 +16,7 @@ import fsspec
 from quorumstore import wire
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata
+from quorumstore.storage.durable_files import replace_durably
 
 
 class MetadataError(ValueError):
@@ -60,21 +60,6 @@ class MetadataStore:
     def save(self, metadata: ClusterMetadata) -> None:
         data = wire.metadata_to_pb(metadata).SerializeToString()
         if self._local:
-            _atomic_write(Path(self._path), data)
+            replace_durably(Path(self._path), data)
         else:
             self._fs.pipe_file(self._path, data)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from quorumstore import wire
 from quorumstore.addresses import host_port
+from quorumstore.node import data_format
 from quorumstore.node.aborts import abort
 from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
@@ -93,6 +94,7 @@ class Node:
             raise OSError(
                 f"cannot use {self.config.data_dir} as the node's data directory: {e.strerror}"
             ) from None
+        data_format.claim(self.config.data_dir)
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_NodeControlServicer_to_server(_NodeControl(self), self._server)
         pb_grpc.add_ReplicationServicer_to_server(_Replication(self), self._server)

@@ -35,6 +35,7 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.protocol.replica import NotLeaderError, ReplicaConfig, ShardReplica
 from quorumstore.protocol.types import LogPosition, Role
+from quorumstore.storage.durable_files import replace_durably
 from quorumstore.storage.kv import RocksKv
 from quorumstore.storage.state_machine import EntryResult, ShardReader, ShardStateMachine
 from quorumstore.storage.wal import SyncTicket, Wal
@@ -185,17 +186,7 @@ class ShardHost:
             return -1
 
     def _save_term(self, term: int) -> None:
-        tmp = self._term_file.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(str(term))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._term_file)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_durably(self._term_file, str(term).encode())
 
     # ------------------------------------------------------------------ inputs
 
