@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from conftest import poll_until
+from quorumstore import Client
 
 if TYPE_CHECKING:
     from conftest import LocalCluster, WriteLoad
@@ -89,3 +90,52 @@ def test_wal_is_trimmed_and_replicas_still_recover(
     measure(
         "  a follower behind the kept window and a restarted leader caught up; " + load.verify()
     )
+
+
+def _staging_streams(cluster: LocalCluster, node: str) -> set[int]:
+    """Sequence numbers of the snapshot streams a node is staging for shard 0 right now."""
+    shard_dir = cluster.node_dir(node) / "shards" / "default" / "0"
+    return {int(p.name.rpartition("-")[2]) for p in shard_dir.glob("snapshot-staging-*")}
+
+
+@pytest.mark.timeout(240)
+def test_a_follower_behind_the_window_gets_a_large_snapshot_as_one_stream(
+    make_cluster: MakeCluster, measure: Measure
+) -> None:
+    """The leader's engine asks for the snapshot again about every second until the follower
+    acks it. Each request used to start a stream of its own, which sent the whole KV again
+    (6 overlapping streams for 124 MB in a probe), so a large shard caught up ever slower."""
+    cluster = make_cluster(
+        shards=1, fsync=False, node_args=[*RETENTION_FLAGS, "--log-level", "INFO"]
+    )
+    meta = cluster.shard_metadata(0)
+    follower = next(n for n in meta.ensemble if n != meta.leader)
+    value = b"v" * 100
+    with Client(meta.leader) as client:
+        for start in range(0, 600_000, 100_000):
+            client.put_many({f"/big/{i:09d}": value for i in range(start, start + 100_000)})
+        cluster.kill9(follower)
+        for i in range(10 * KEEP_ENTRIES):
+            client.put(f"/after/{i}", b"x")
+    poll_until(
+        lambda: (
+            wal_segments(cluster, meta.leader)[0] > max(wal_segments(cluster, follower), default=0)
+            or None
+        ),
+        30,
+        "the leader to trim past everything the stopped follower holds",
+    )
+    cluster.restart(follower)
+    streams: set[int] = set()
+
+    def installed() -> bool | None:
+        streams.update(_staging_streams(cluster, follower))
+        return "received a snapshot" in cluster.log_text(follower) or None
+
+    poll_until(installed, 120, "the follower to install a snapshot", interval_s=0.05)
+    cluster.wait_caught_up(follower, 0)
+    assert streams == {1}, f"snapshot streams staged on the follower: {sorted(streams)}"
+    (sent,) = re.findall(
+        r"snapshot of shard default/0 to \S+ at offset \d+: sent, .*", cluster.log_text(meta.leader)
+    )
+    measure(f"one snapshot stream to the follower: {sent}")

@@ -29,6 +29,7 @@ from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
 from quorumstore.node.failures import ReplicaFailure
 from quorumstore.node.shard_host import ShardHost, WalRetention
+from quorumstore.node.snapshot_streams import finished_snapshot_level
 from quorumstore.node.transport import SERVER_OPTIONS, NodeTransport, listen
 from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
 from quorumstore.proto import replication_pb2 as pb
@@ -425,8 +426,11 @@ class _Replication(pb_grpc.ReplicationServicer):
         first: pb.SnapshotChunk | None = None
         host: ShardHost | None = None
         stager: _SnapshotStager | None = None
+        started = time.monotonic()
+        received = 0
         try:
             async for chunk in request_iterator:
+                received += len(chunk.data)
                 if first is None:
                     first = chunk
                     shard = (chunk.namespace, chunk.shard)
@@ -456,6 +460,18 @@ class _Replication(pb_grpc.ReplicationServicer):
         staging = stager.directory
         position = wire.position_from_pb(first.position)
         head = host.install_staged_snapshot(first.term, first.leader_name, position, staging)
+        log.log(
+            finished_snapshot_level(received),
+            "shard %s/%s: received a snapshot at offset %d from %s (%.1f MiB, %.1f s); "
+            "the replica's log now ends at offset %d",
+            first.namespace,
+            first.shard,
+            position.offset,
+            first.leader_name,
+            received / (1 << 20),
+            time.monotonic() - started,
+            head.offset,
+        )
         return pb.SnapshotResponse(
             namespace=first.namespace,
             shard=first.shard,

@@ -233,9 +233,10 @@ class ShardHost:
     def staging_directory(self) -> Path:
         """A fresh directory to stage one incoming snapshot stream in.
 
-        One per stream: a leader may start another snapshot while one is still arriving
-        (its retransmission, or a new cursor), and a shared directory would be deleted
-        under the first stream's RocksDB, failing both (DATA_LOSS) again and again.
+        One per stream: another snapshot may start while one is still arriving (from a
+        leader of a newer term, or after the leader gave a stalled stream up), and a
+        shared directory would be deleted under the first stream's RocksDB, failing both
+        (DATA_LOSS) again and again.
         """
         self._staging_sequence += 1
         path = self.directory / f"snapshot-staging-{self._staging_sequence}"

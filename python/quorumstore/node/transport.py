@@ -3,7 +3,8 @@
 - Append: one long-lived `Replicate` stream per (shard, follower), opened by the leader
   on its first Append; the follower answers with Acks on the same stream.
 - Truncate: a unary call; its response is fed back to the leader's engine.
-- Snapshots: a `SendSnapshot` client stream of Arrow chunks read from a KV snapshot.
+- Snapshots: a `SendSnapshot` client stream of Arrow chunks read from a KV snapshot, one
+  per follower at a time (`snapshot_streams.py`).
 - Replies to the coordinator (NewTermResponse, BecomeLeaderResponse) complete the
   coordinator's pending unary call; replies to a leader's Truncate complete that call.
 A broken stream is simply dropped: the engine's retransmission covers the loss.
@@ -22,12 +23,12 @@ import grpc
 
 from quorumstore import wire
 from quorumstore.addresses import host_port
+from quorumstore.node.snapshot_streams import SnapshotStreams
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import (
     COORDINATOR,
     Ack,
-    AckStatus,
     Append,
     Outbound,
     SendSnapshot,
@@ -35,7 +36,6 @@ from quorumstore.protocol.messages import (
     Truncate,
     TruncateResponse,
 )
-from quorumstore.storage.snapshot import iter_snapshot_chunks
 
 if TYPE_CHECKING:
     from quorumstore.node.node import Node
@@ -128,6 +128,7 @@ class NodeTransport:
             list
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._snapshots = SnapshotStreams(self.channel, node.deliver)
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -194,45 +195,10 @@ class NodeTransport:
         self.node.deliver(shard, wire.truncate_response_from_pb(response, follower))
 
     def send_snapshot(self, sender: ShardHost, request: SendSnapshot) -> None:
-        self._spawn(self._snapshot(sender, request))
-
-    async def _snapshot(self, host: ShardHost, request: SendSnapshot) -> None:
-        position = host.machine.applied_position
-        view = host.kv.snapshot()
-        shard = host.shard
-
-        async def chunks() -> AsyncIterator[pb.SnapshotChunk]:
-            first = True
-            iterator = iter_snapshot_chunks(view, position)
-            loop = asyncio.get_running_loop()
-            while True:
-                data = await loop.run_in_executor(None, next, iterator, None)
-                if data is None:
-                    return
-                yield pb.SnapshotChunk(
-                    namespace=shard[0],
-                    shard=shard[1],
-                    term=request.term,
-                    position=wire.position_to_pb(position) if first else None,
-                    data=data,
-                    leader_name=host.node,
-                )
-                first = False
-
-        stub = pb_grpc.ReplicationStub(self.channel(request.follower))
-        try:
-            response = await stub.SendSnapshot(chunks(), timeout=600)
-        except grpc.aio.AioRpcError as e:
-            log.info("snapshot %s -> %s failed: %s", shard, request.follower, e.code())
-            return
-        finally:
-            view.close()
-        head = wire.position_from_pb(response.head)
-        self.node.deliver(
-            shard, Ack(shard, response.term, request.follower, AckStatus.OK, head.offset, head)
-        )
+        self._snapshots.request(sender, request)
 
     async def close(self) -> None:
+        await self._snapshots.close()
         for stream in list(self._streams.values()):
             stream.queue.put_nowait(None)
             stream.task.cancel()
