@@ -170,6 +170,7 @@ def _retention(args: argparse.Namespace) -> WalRetention:
 
     return WalRetention(
         keep_entries=args.wal_keep_entries,
+        keep_bytes=args.wal_keep_bytes,
         check_interval_s=args.wal_trim_interval,
         segment_bytes=args.wal_segment_bytes,
     )
@@ -180,6 +181,8 @@ def _wal_flags(args: argparse.Namespace) -> list[str]:
     return [
         "--wal-keep-entries",
         str(args.wal_keep_entries),
+        "--wal-keep-bytes",
+        str(args.wal_keep_bytes),
         "--wal-trim-interval",
         str(args.wal_trim_interval),
         "--wal-segment-bytes",
@@ -196,6 +199,12 @@ def _add_wal_flags(p: argparse.ArgumentParser) -> None:
         type=_non_negative,
         default=defaults.keep_entries,
         help=f"WAL entries kept below the applied offset for lagging followers (default {defaults.keep_entries})",
+    )
+    p.add_argument(
+        "--wal-keep-bytes",
+        type=_non_negative,
+        default=defaults.keep_bytes,
+        help=f"at most this many bytes of those entries are kept (default {defaults.keep_bytes})",
     )
     p.add_argument(
         "--wal-trim-interval",

@@ -421,6 +421,39 @@ def test_trim_before_deletes_only_whole_segments_below(wal_dir: Path, offset: in
         assert wal.head == position(entries[-1])
 
 
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=30),
+    segment_bytes=st.integers(1, 1000),
+    trim=st.integers(0, 30),
+    upto=st.integers(-1, 35),
+    max_bytes=st.integers(0, 3000),
+)
+def test_first_offset_within_counts_the_records_bytes_back_from_upto(
+    tmp_path: Path, sizes: list[int], segment_bytes: int, trim: int, upto: int, max_bytes: int
+) -> None:
+    """What WAL retention keeps under its byte bound, against a sum over the records."""
+    entries: list[LogEntry] = []
+    previous = EMPTY_POSITION
+    for size in sizes:
+        entries.append(make_entry(previous, 1, payload(previous.offset + 1, size)))
+        previous = position(entries[-1])
+    with Wal.open(Path(tempfile.mkdtemp(dir=tmp_path)), segment_bytes=segment_bytes) as wal:
+        wal.append(entries)
+        wal.trim_before(trim)
+        first_held = wal.base.offset + 1
+        last = min(upto, wal.head.offset)
+        expected = last + 1
+        while expected > first_held:
+            held = sum(HEADER + len(e.payload) for e in entries[expected - 1 : last + 1])
+            if held > max_bytes:
+                break
+            expected -= 1
+        assert wal.first_offset_within(upto, max_bytes) == expected
+
+
 def test_read_below_the_base_asks_for_a_snapshot(wal_dir: Path) -> None:
     with Wal.open(wal_dir, segment_bytes=SMALL) as wal:
         wal.append(chain(EMPTY_POSITION, [1] * 10))

@@ -54,23 +54,33 @@ _APPLY_CHUNK_BYTES = 64 * 1024 * 1024
 class WalRetention:
     """How much WAL a replica keeps once its entries are applied and the KV flushed.
 
-    Entries below ``min(applied, commit, synced) - keep_entries`` are dropped, whole
+    Of the entries through ``min(applied, commit, synced)``, the last `keep_entries` are
+    kept, and fewer when they take more than `keep_bytes`; the rest is dropped, whole
     segments at a time. A follower that falls further behind than what is kept catches
-    up by snapshot instead of from the log.
+    up by snapshot instead of from the log. The byte bound matters for bulk writes: a
+    DataFrame write replicates its rows as entries of up to 32 MiB, and 10,000 of those
+    would have kept hundreds of GiB, all of it also in the KV.
     """
 
     #: Entries kept below the trim point, for followers a little behind.
     keep_entries: int = 10_000
+    #: At most this many bytes of those entries are kept.
+    keep_bytes: int = 512 * 1024 * 1024
     #: Seconds between checks; each trim first flushes the KV (one fsync).
     check_interval_s: float = 10.0
     #: Size at which the WAL starts a new segment (the unit of trimming).
     segment_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        if self.keep_entries < 0 or self.check_interval_s <= 0 or self.segment_bytes < 1:
+        if (
+            self.keep_entries < 0
+            or self.keep_bytes < 0
+            or self.check_interval_s <= 0
+            or self.segment_bytes < 1
+        ):
             raise ValueError(
-                f"WAL retention needs keep_entries >= 0, check_interval_s > 0 and "
-                f"segment_bytes >= 1, got {self}"
+                f"WAL retention needs keep_entries >= 0, keep_bytes >= 0, check_interval_s > 0 "
+                f"and segment_bytes >= 1, got {self}"
             )
 
 
@@ -405,13 +415,14 @@ class ShardHost:
         if self._trim_in_flight or now < self._next_trim_check:
             return
         self._next_trim_check = now + self._retention.check_interval_s
-        upto = (
-            min(
-                self.machine.applied_position.offset,
-                self.replica.commit_offset,
-                self.wal.synced_head.offset,
-            )
-            - self._retention.keep_entries
+        done = min(
+            self.machine.applied_position.offset,
+            self.replica.commit_offset,
+            self.wal.synced_head.offset,
+        )
+        upto = max(
+            done - self._retention.keep_entries,
+            self.wal.first_offset_within(done, self._retention.keep_bytes) - 1,
         )
         if not self.wal.can_trim_before(upto + 1):
             return

@@ -74,7 +74,7 @@ import re
 import struct
 import zlib
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
@@ -462,6 +462,27 @@ class Wal:
         self._cache.drop_after(offset)
         self._head = self._synced_head = new_head
         self._dirty = self._dir_dirty = False
+
+    def first_offset_within(self, upto: int, max_bytes: int) -> int:
+        """The lowest offset from which the records held through `upto` take at most
+        `max_bytes` of segment space (headers included): just past the last of them when it
+        alone is larger, and `upto + 1` when none is held (all lie below the base)."""
+        self._check_usable()
+        if upto <= self._base.offset:
+            return upto + 1
+        room = max_bytes
+        for segment in reversed(self._segments):
+            last = min(segment.last_offset, upto) - segment.first_offset
+            if last < 0:
+                continue
+            end = segment.record_end(last)
+            if end - segment.positions[0] > room:
+                # The first record of the run that still fits: it starts at end - room or later.
+                return segment.first_offset + bisect_left(
+                    segment.positions, end - room, 0, last + 1
+                )
+            room -= end - segment.positions[0]
+        return self._base.offset + 1
 
     def can_trim_before(self, offset: int) -> bool:
         """Whether `trim_before(offset)` would delete a segment (it keeps the active one)."""
