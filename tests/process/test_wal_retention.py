@@ -46,6 +46,18 @@ def wal_segments(cluster: LocalCluster, node: str) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
+def wait_trimmed_past(cluster: LocalCluster, leader: str, follower: str) -> None:
+    """Waits until the leader's WAL starts past everything the stopped follower holds."""
+    poll_until(
+        lambda: (
+            wal_segments(cluster, leader)[0] > max(wal_segments(cluster, follower), default=0)
+            or None
+        ),
+        30,
+        "the leader to trim past everything the stopped follower holds",
+    )
+
+
 @pytest.mark.timeout(240)
 def test_wal_is_trimmed_and_replicas_still_recover(
     make_cluster: MakeCluster, write_load: MakeLoad, measure: Measure
@@ -70,14 +82,7 @@ def test_wal_is_trimmed_and_replicas_still_recover(
     follower = next(n for n in meta.ensemble if n != meta.leader)
     killed_at = cluster.kill9(follower)
     load.wait_for_write_after(killed_at, 0, 30, count=10 * KEEP_ENTRIES)
-    poll_until(
-        lambda: (
-            wal_segments(cluster, meta.leader)[0] > max(wal_segments(cluster, follower), default=0)
-            or None
-        ),
-        30,
-        "the leader to trim past everything the stopped follower holds",
-    )
+    wait_trimmed_past(cluster, meta.leader, follower)
     cluster.restart(follower)
     cluster.wait_following(follower, 0)
     cluster.wait_caught_up(follower, 0)
@@ -120,14 +125,7 @@ def test_a_follower_behind_the_window_gets_a_large_snapshot_as_one_stream(
         cluster.kill9(follower)
         for i in range(10 * KEEP_ENTRIES):
             client.put(f"/after/{i}", b"x")
-    poll_until(
-        lambda: (
-            wal_segments(cluster, meta.leader)[0] > max(wal_segments(cluster, follower), default=0)
-            or None
-        ),
-        30,
-        "the leader to trim past everything the stopped follower holds",
-    )
+    wait_trimmed_past(cluster, meta.leader, follower)
     cluster.restart(follower)
     streams: set[int] = set()
 

@@ -21,6 +21,7 @@ import pytest
 
 from quorumstore import wire
 from quorumstore.node import snapshot_streams
+from quorumstore.node.data_format import DATA_FORMAT, METADATA_KEY, RefusalLog
 from quorumstore.node.shard_host import ShardHost
 from quorumstore.node.snapshot_streams import SnapshotStreams
 from quorumstore.node.transport import GRPC_OPTIONS, listen
@@ -49,6 +50,7 @@ class PacedFollower(pb_grpc.ReplicationServicer):
         self.pause_s = pause_s
         self.stall = stall
         self.calls: list[list[int]] = []  # per call: the term of each chunk taken
+        self.formats: list[str | None] = []  # per call: the data format header it carried
         self.cancelled = asyncio.Event()
 
     async def SendSnapshot(
@@ -56,6 +58,7 @@ class PacedFollower(pb_grpc.ReplicationServicer):
     ) -> pb.SnapshotResponse:
         terms: list[int] = []
         self.calls.append(terms)
+        self.formats.append(dict(context.invocation_metadata() or ()).get(METADATA_KEY))
         try:
             async for chunk in request_iterator:
                 terms.append(chunk.term)
@@ -94,7 +97,7 @@ class Leader:
         pb_grpc.add_ReplicationServicer_to_server(follower, self.server)
         self.address = f"127.0.0.1:{listen(self.server, '127.0.0.1', 0)}"
         self.channel = grpc.aio.insecure_channel(self.address, options=GRPC_OPTIONS)
-        self.streams = SnapshotStreams(lambda _: self.channel, self._deliver)
+        self.streams = SnapshotStreams(lambda _: self.channel, self._deliver, RefusalLog())
 
     def _deliver(self, shard: ShardKey, message: Message) -> None:
         self.delivered.append(message)
@@ -137,6 +140,7 @@ def test_requests_while_a_stream_moves_start_no_other_and_it_has_no_deadline(
                 await asyncio.sleep(0.05)
             elapsed = asyncio.get_running_loop().time() - started
             assert len(leader.follower.calls) == 1
+            assert leader.follower.formats == [str(DATA_FORMAT)]
             assert len(leader.follower.calls[0]) >= 10  # every chunk of ~48 MiB
             (ack,) = leader.delivered
             assert isinstance(ack, Ack) and ack.follower == leader.address and ack.term == 3

@@ -374,9 +374,21 @@ class _Replication(pb_grpc.ReplicationServicer):
     def __init__(self, node: Node):
         self.node = node
 
+    async def _refuse_another_format(self, context: grpc.aio.ServicerContext) -> None:
+        """Ends a call whose data is in another format than this node's (see data_format)."""
+        theirs = data_format.peer_format(context.invocation_metadata())
+        if theirs != data_format.DATA_FORMAT:
+            await abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                data_format.refusal_message(self.node.name, theirs),
+                data_format.REPLICATION_METADATA,
+            )
+
     async def Replicate(
         self, request_iterator: AsyncIterator[pb.Append], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Ack]:
+        await self._refuse_another_format(context)
         queue: asyncio.Queue[pb.Ack | None] = asyncio.Queue()
         inbound = self.node.transport.inbound
         keys: set[tuple[ShardKey, str]] = set()
@@ -406,6 +418,7 @@ class _Replication(pb_grpc.ReplicationServicer):
     async def Truncate(
         self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
     ) -> pb.TruncateResponse:
+        await self._refuse_another_format(context)
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard)
         if host is None:
@@ -423,6 +436,7 @@ class _Replication(pb_grpc.ReplicationServicer):
         self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext
     ) -> pb.SnapshotResponse:
         """Stages the streamed snapshot into a fresh KV as it arrives, then installs it."""
+        await self._refuse_another_format(context)
         first: pb.SnapshotChunk | None = None
         host: ShardHost | None = None
         stager: _SnapshotStager | None = None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from quorumstore import wire
+from quorumstore.node.data_format import REPLICATION_METADATA, RefusalLog
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import Ack, AckStatus, Message, SendSnapshot, ShardKey
@@ -84,9 +85,11 @@ class SnapshotStreams:
         self,
         channel: Callable[[str], grpc.aio.Channel],
         deliver: Callable[[ShardKey, Message], None],
+        refusals: RefusalLog,
     ) -> None:
         self._channel = channel
         self._deliver = deliver
+        self._refusals = refusals
         self._streams: dict[tuple[ShardKey, str], _Stream] = {}
 
     def request(self, host: ShardHost, request: SendSnapshot) -> None:
@@ -145,11 +148,14 @@ class SnapshotStreams:
                 first = False
 
         log.debug("%s: sending the KV at offset %d", name, position.offset)
-        call = pb_grpc.ReplicationStub(self._channel(follower)).SendSnapshot(chunks())
+        call = pb_grpc.ReplicationStub(self._channel(follower)).SendSnapshot(
+            chunks(), metadata=REPLICATION_METADATA
+        )
         try:
             response = await self._watch(call, progress, name)
         except grpc.aio.AioRpcError as e:
             log.info("%s failed after %s: %s", name, progress.summary(loop.time()), e.code())
+            self._refusals.note(follower, e)
             return
         finally:
             call.cancel()  # a no-op once the call ended

@@ -23,6 +23,7 @@ import grpc
 
 from quorumstore import wire
 from quorumstore.addresses import host_port
+from quorumstore.node import data_format
 from quorumstore.node.snapshot_streams import SnapshotStreams
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
@@ -109,10 +110,12 @@ class _ReplicateStream:
     async def _run(self) -> None:
         stub = pb_grpc.ReplicationStub(self._transport.channel(self._follower))
         try:
-            async for ack in stub.Replicate(self._requests()):
+            requests = self._requests()
+            async for ack in stub.Replicate(requests, metadata=data_format.REPLICATION_METADATA):
                 self._transport.node.deliver(self._shard, wire.ack_from_pb(ack, self._follower))
         except grpc.aio.AioRpcError as e:
             log.debug("replicate stream %s -> %s ended: %s", self._shard, self._follower, e.code())
+            self._transport.refusals.note(self._follower, e)
         finally:
             self._transport.forget_stream(self._shard, self._follower, self)
 
@@ -128,7 +131,9 @@ class NodeTransport:
             list
         )
         self._tasks: set[asyncio.Task[None]] = set()
-        self._snapshots = SnapshotStreams(self.channel, node.deliver)
+        #: Followers that refuse this node's data format, warned about now and then.
+        self.refusals = data_format.RefusalLog()
+        self._snapshots = SnapshotStreams(self.channel, node.deliver, self.refusals)
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -188,9 +193,12 @@ class NodeTransport:
     async def _truncate(self, shard: ShardKey, follower: str, msg: Truncate) -> None:
         stub = pb_grpc.ReplicationStub(self.channel(follower))
         try:
-            response = await stub.Truncate(wire.truncate_to_pb(msg), timeout=10)
+            response = await stub.Truncate(
+                wire.truncate_to_pb(msg), timeout=10, metadata=data_format.REPLICATION_METADATA
+            )
         except grpc.aio.AioRpcError as e:
             log.debug("truncate %s -> %s failed: %s", shard, follower, e.code())
+            self.refusals.note(follower, e)
             return
         self.node.deliver(shard, wire.truncate_response_from_pb(response, follower))
 
