@@ -59,6 +59,7 @@ class NodeTaskSpec:
     base_port: int
     data_dir: str
     wal_sync: bool
+    kv_memory_bytes: int
     barrier: bool
     log_level: str
 
@@ -123,6 +124,7 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
                 host=spec.host,
                 port=spec.base_port + index,
                 wal_sync=spec.wal_sync,
+                kv_memory_bytes=spec.kv_memory_bytes,
             )
         )
         try:

@@ -162,6 +162,7 @@ def _node_config(args: argparse.Namespace, data_dir: Path) -> NodeConfig:
         advertise_host=_advertise_host(args),
         wal_sync=not args.no_fsync,
         wal_retention=_retention(args),
+        kv_memory_bytes=args.kv_memory,
     )
 
 
@@ -176,8 +177,8 @@ def _retention(args: argparse.Namespace) -> WalRetention:
     )
 
 
-def _wal_flags(args: argparse.Namespace) -> list[str]:
-    """The WAL flags of `cluster`, passed on to its node processes."""
+def _storage_flags(args: argparse.Namespace) -> list[str]:
+    """The storage flags of `cluster` (WAL retention, KV memory), passed on to its nodes."""
     return [
         "--wal-keep-entries",
         str(args.wal_keep_entries),
@@ -187,11 +188,14 @@ def _wal_flags(args: argparse.Namespace) -> list[str]:
         str(args.wal_trim_interval),
         "--wal-segment-bytes",
         str(args.wal_segment_bytes),
+        "--kv-memory",
+        str(args.kv_memory),
     ]
 
 
-def _add_wal_flags(p: argparse.ArgumentParser) -> None:
+def _add_storage_flags(p: argparse.ArgumentParser) -> None:
     from quorumstore.node.shard_host import WalRetention
+    from quorumstore.storage.kv import DEFAULT_KV_MEMORY_BYTES
 
     defaults = WalRetention()
     p.add_argument(
@@ -217,6 +221,13 @@ def _add_wal_flags(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=defaults.segment_bytes,
         help=f"WAL segment size, the unit of trimming (default {defaults.segment_bytes})",
+    )
+    p.add_argument(
+        "--kv-memory",
+        type=_positive,
+        default=DEFAULT_KV_MEMORY_BYTES,
+        help="bytes of block cache and memtables that all of a node's shard stores share "
+        f"(default {DEFAULT_KV_MEMORY_BYTES})",
     )
 
 
@@ -409,7 +420,7 @@ def _run_cluster(args: argparse.Namespace) -> None:
         _check_port_free(args.host, args.base_port + i, f"node {i}")
     _check_port_free(args.host, args.base_port + args.nodes, "the coordinator's status port")
     fsync = ["--no-fsync"] if args.no_fsync else []
-    fsync += _wal_flags(args)
+    fsync += _storage_flags(args)
     commands = [
         (
             ["node", "--host", args.host, "--port", str(args.base_port + i),
@@ -679,7 +690,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not fsync the WAL (faster, loses recent writes on power loss)",
     )
-    _add_wal_flags(p)
+    _add_storage_flags(p)
 
     p = sub.add_parser(
         "cluster",
@@ -698,7 +709,7 @@ def _parser() -> argparse.ArgumentParser:
         help="nodes listen on base, base+1, ...; the coordinator after them",
     )
     p.add_argument("--no-fsync", action="store_true")
-    _add_wal_flags(p)
+    _add_storage_flags(p)
 
     p = sub.add_parser("node", help="one storage node", parents=[common])
     p.add_argument("--data-dir", required=True)
@@ -710,7 +721,7 @@ def _parser() -> argparse.ArgumentParser:
         "required when --host listens on every interface, e.g. 0.0.0.0)",
     )
     p.add_argument("--no-fsync", action="store_true")
-    _add_wal_flags(p)
+    _add_storage_flags(p)
 
     p = sub.add_parser("coordinator", help="the coordinator of a set of nodes", parents=[common])
     p.add_argument(

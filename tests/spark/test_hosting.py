@@ -118,6 +118,9 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
     assert config.metadata_url == str(tmp_path / "coordinator" / "metadata.pb")
     assert config.node_addresses[-1] == "127.0.0.1:6652" and config.admin_port == 6653
     assert HostingConfig.resolve({}).data_dir == Path.cwd() / "quorumstore-data"
+    sizes = {"1g": 1 << 30, "512m": 512 << 20, "64MB": 64 << 20, "4096": 4096, " 8k ": 8192}
+    for text, size in sizes.items():
+        assert HostingConfig.resolve({"spark.quorumstore.kvMemory": text}).kv_memory_bytes == size
 
 
 @pytest.mark.parametrize(
@@ -136,6 +139,15 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
             "placement must be one of barrier, independent",
         ),
         ({"spark.quorumstore.walSync": "yes"}, "walSync: cannot read 'yes' as true or false"),
+        (
+            {"spark.quorumstore.kvMemory": "lots"},
+            "kvMemory: cannot read 'lots' as a size such as 512m",
+        ),
+        ({"spark.quorumstore.kvMemory": "1.5g"}, "kvMemory: cannot read '1.5g' as a size"),
+        (
+            {"spark.quorumstore.kvMemory": "0"},
+            "kvMemory must be a positive size such as 512m, got 0",
+        ),
         ({"spark.quorumstore.basePort": "65534"}, "basePort must leave room"),
         ({"spark.quorumstore.startTimeout": "nan"}, "startTimeout must be a positive number"),
         ({"spark.quorumstore.startTimeout": "inf"}, "startTimeout must be a positive number"),

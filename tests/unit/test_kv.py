@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumstore.storage.kv import KvClosedError, KvStore, MemoryKv, RocksKv
+from quorumstore.storage.kv import KvClosedError, KvMemory, KvStore, MemoryKv, RocksKv
 
 
 @pytest.fixture(params=["memory", "rocks"])
@@ -189,3 +189,31 @@ def test_memory_write_is_all_or_nothing() -> None:
     with pytest.raises(TypeError):
         kv.write([(b"b", b"vb"), ("c", b"vc")], [b"a"], [])  # type: ignore[list-item]
     assert list(kv.scan(b"", None)) == [(b"a", b"va")]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one budget", "a budget each"])
+def test_stores_under_one_memory_budget_flush_to_stay_within_it(
+    tmp_path: Path, shared: bool
+) -> None:
+    """Four stores each take 24 MB: under one 64 MiB budget (32 MiB of memtables) they
+    flush to SST files; on their own (two 64 MiB memtables each) they keep it all in memory."""
+    memory = KvMemory(64 << 20) if shared else None
+    stores = [RocksKv(tmp_path / f"kv{i}", memory) for i in range(4)]
+    value = bytes(range(256)) * 4
+    for i, store in enumerate(stores):
+        for start in range(0, 24_000, 1000):
+            store.write([(b"%d/%06d" % (i, n), value) for n in range(start, start + 1000)], [], [])
+    sst_files = sorted(tmp_path.glob("kv*/*.sst"))
+    if memory is not None:
+        assert sst_files, "nothing was flushed under the budget"
+        assert memory.write_buffers.get_usage() <= memory.budget_bytes
+    else:
+        assert sst_files == []
+    for i, store in enumerate(stores):
+        assert store.get(b"%d/%06d" % (i, 23_999)) == value
+        store.close()
+
+
+def test_a_memory_budget_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="must be positive, got 0"):
+        KvMemory(0)

@@ -42,7 +42,7 @@ from quorumstore.protocol.messages import (
     TruncateResponse,
 )
 from quorumstore.protocol.replica import ReplicaConfig
-from quorumstore.storage.kv import RocksKv
+from quorumstore.storage.kv import DEFAULT_KV_MEMORY_BYTES, KvMemory, RocksKv
 from quorumstore.storage.snapshot import install_snapshot
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class NodeConfig:
     tick_ms: int = 50
     #: How much WAL each shard replica keeps once applied (see `WalRetention`).
     wal_retention: WalRetention = field(default_factory=WalRetention)
+    #: Memory that all the node's RocksDB stores share: block cache and memtables (see
+    #: `KvMemory`).
+    kv_memory_bytes: int = DEFAULT_KV_MEMORY_BYTES
 
 
 class Node:
@@ -75,6 +78,7 @@ class Node:
         self.hosts: dict[ShardKey, ShardHost] = {}
         self.transport = NodeTransport(self)
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qs-io")
+        self.kv_memory = KvMemory(config.kv_memory_bytes)
         self._server: grpc.aio.Server | None = None
         self._client_api: OxiaClientServicer | None = None
         self._data_api: QuorumstoreDataServicer | None = None
@@ -190,6 +194,7 @@ class Node:
             wal_sync=self.config.wal_sync,
             replica_config=ReplicaConfig(),
             retention=self.config.wal_retention,
+            kv_memory=self.kv_memory,
         )
         self.hosts[shard] = host
         return host
@@ -327,13 +332,14 @@ class _SnapshotStager:
     """Writes one snapshot stream's chunks into a fresh KV on a worker thread as they
     arrive, holding at most `_SNAPSHOT_CHUNKS_BUFFERED` of them in memory."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, memory: KvMemory) -> None:
         self.directory = directory
+        self._memory = memory
         self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=_SNAPSHOT_CHUNKS_BUFFERED)
         self._staged = asyncio.get_running_loop().run_in_executor(None, self._stage)
 
     def _stage(self) -> None:
-        kv = RocksKv(self.directory)
+        kv = RocksKv(self.directory, self._memory)
         try:
             install_snapshot(kv, iter(self._chunks.get, None))
         finally:
@@ -455,7 +461,7 @@ class _Replication(pb_grpc.ReplicationServicer):
                             grpc.StatusCode.FAILED_PRECONDITION,
                             f"not accepting a snapshot for {shard} in term {chunk.term}",
                         )
-                    stager = _SnapshotStager(host.staging_directory())
+                    stager = _SnapshotStager(host.staging_directory(), self.node.kv_memory)
                 assert stager is not None
                 await stager.feed(chunk.data)
                 if stager.stopped:

@@ -36,7 +36,7 @@ from quorumstore.protocol.messages import (
 from quorumstore.protocol.replica import NotLeaderError, ReplicaConfig, ShardReplica
 from quorumstore.protocol.types import LogPosition, Role
 from quorumstore.storage.durable_files import replace_durably
-from quorumstore.storage.kv import RocksKv
+from quorumstore.storage.kv import KvMemory, RocksKv
 from quorumstore.storage.state_machine import EntryResult, ShardReader, ShardStateMachine
 from quorumstore.storage.wal import SyncTicket, Wal
 from quorumstore.storage.write_batch import WriteBatchBuilder
@@ -121,6 +121,7 @@ class ShardHost:
         wal_sync: bool = True,
         replica_config: ReplicaConfig = ReplicaConfig(),
         retention: WalRetention = WalRetention(),
+        kv_memory: KvMemory | None = None,
     ):
         self.node = node
         self.shard = shard
@@ -137,7 +138,8 @@ class ShardHost:
         self._retention = retention
         self._next_trim_check = time.monotonic() + retention.check_interval_s
         self._trim_in_flight = False
-        self.kv = RocksKv(directory / "kv")
+        self._kv_memory = kv_memory
+        self.kv = RocksKv(directory / "kv", kv_memory)
         self.machine = ShardStateMachine(self.kv)
         self._term_file = directory / "term"
         self._recover_log()
@@ -282,7 +284,7 @@ class ShardHost:
         os.replace(live, old)
         os.replace(staged, live)
         shutil.rmtree(old, ignore_errors=True)
-        self.kv = RocksKv(live)
+        self.kv = RocksKv(live, self._kv_memory)
         self.machine = ShardStateMachine(self.kv)
         self.wal.reset(position)
         self._staged_snapshot = None

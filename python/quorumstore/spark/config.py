@@ -7,7 +7,8 @@ before anything starts: a bad value fails with the key's name, not deep in a tas
 
 Keys (all under ``spark.quorumstore.``): ``nodes``, ``shards``, ``replicationFactor``,
 ``placement`` (``barrier`` or ``independent``), ``host``, ``basePort``, ``dataDir``,
-``metadataUrl``, ``walSync``, ``startTimeout`` (seconds; ``120`` or ``120s``),
+``metadataUrl``, ``walSync``, ``kvMemory`` (``512m``), ``startTimeout`` (seconds; ``120``
+or ``120s``),
 ``logLevel`` (of the storage nodes, in the executors' stderr).
 
 >>> config = HostingConfig.resolve({"spark.quorumstore.nodes": "5"}, shards=4)
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quorumstore.addresses import host_port
+from quorumstore.storage.kv import DEFAULT_KV_MEMORY_BYTES
 
 PREFIX = "spark.quorumstore."
 PLACEMENTS = ("barrier", "independent")
@@ -34,6 +36,18 @@ PLACEMENTS = ("barrier", "independent")
 
 def _seconds(value: str) -> float:
     return float(value.removesuffix("s"))
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _bytes(value: str) -> int:
+    """A size as Spark writes them: bytes, or a whole number with k, m or g (``512m``)."""
+    text = value.strip().lower().removesuffix("b")
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _SIZE_UNITS else (text, "")
+    if not number.isdigit():
+        raise ValueError(value)
+    return int(number) * _SIZE_UNITS[unit]
 
 
 def _boolean(value: str) -> bool:
@@ -54,6 +68,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "data_dir": ("dataDir", Path),
     "metadata_url": ("metadataUrl", str.strip),
     "wal_sync": ("walSync", _boolean),
+    "kv_memory_bytes": ("kvMemory", _bytes),
     "start_timeout_s": ("startTimeout", _seconds),
     "log_level": ("logLevel", str.strip),
 }
@@ -79,6 +94,8 @@ class HostingConfig:
     #: Path or fsspec URL of the coordinator's metadata; "" means data_dir/coordinator/metadata.pb.
     metadata_url: str = ""
     wal_sync: bool = True
+    #: What each node's RocksDB stores share: block cache and memtables.
+    kv_memory_bytes: int = DEFAULT_KV_MEMORY_BYTES
     start_timeout_s: float = 120.0
     log_level: str = "WARNING"
 
@@ -137,6 +154,10 @@ class HostingConfig:
                 f"{PREFIX}basePort must leave room for {self.nodes} node ports and the coordinator's "
                 f"(1..{65535 - self.nodes}), got {self.base_port}"
             )
+        if self.kv_memory_bytes < 1:
+            problems.append(
+                f"{PREFIX}kvMemory must be a positive size such as 512m, got {self.kv_memory_bytes}"
+            )
         if not (math.isfinite(self.start_timeout_s) and self.start_timeout_s > 0):
             problems.append(
                 f"{PREFIX}startTimeout must be a positive number of seconds, got {self.start_timeout_s}"
@@ -165,6 +186,7 @@ _OVERRIDE_TYPES: dict[str, tuple[type, ...]] = {
     "base_port": (int,),
     "start_timeout_s": (int, float),
     "wal_sync": (bool,),
+    "kv_memory_bytes": (int,),
     "data_dir": (str, os.PathLike),
 }
 
@@ -189,5 +211,6 @@ def node_path(data_dir: str | os.PathLike[str], index: int, suffix: str = "") ->
 def _describe(name: str) -> str:
     return {
         "wal_sync": "true or false",
+        "kv_memory_bytes": "a size such as 512m (bytes, or k, m, g)",
         "start_timeout_s": "a number of seconds",
     }.get(name, "a whole number")

@@ -283,6 +283,7 @@ def start(
     host: str | None = None,
     base_port: int | None = None,
     wal_sync: bool | None = None,
+    kv_memory_bytes: int | None = None,
     start_timeout_s: float | None = None,
     log_level: str | None = None,
 ) -> HostedCluster:
@@ -312,6 +313,9 @@ def start(
         Node ``i`` serves on ``host:base_port+i``, the coordinator's status on ``base_port+nodes``.
     wal_sync : bool, optional
         fsync the nodes' WALs (default True).
+    kv_memory_bytes : int, optional
+        Block cache and memtables that each node's shard stores share (default 512 MiB);
+        count it in the executors' memory overhead.
     start_timeout_s : float, optional
         How long to wait for executors and for every shard to have a leader.
     log_level : str, optional
@@ -352,6 +356,7 @@ def start(
         host=host,
         base_port=base_port,
         wal_sync=wal_sync,
+        kv_memory_bytes=kv_memory_bytes,
         start_timeout_s=start_timeout_s,
         log_level=log_level,
     )

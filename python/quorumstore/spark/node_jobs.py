@@ -181,6 +181,7 @@ def submit_node_jobs(
         base_port=config.base_port,
         data_dir=str(config.data_dir),
         wal_sync=config.wal_sync,
+        kv_memory_bytes=config.kv_memory_bytes,
         barrier=barrier,
         log_level=config.log_level,
     )
