@@ -1,4 +1,4 @@
-"""The format marker of a node's data directory, checked before anything in it is read.
+"""A node's data format: its data directory's marker, and the header of what it replicates.
 
 A node's data directory holds quorumstore's own binary formats: WAL records
 (`storage/wal.py`), KV record heads and change-log batches (`storage/state_machine.py`,
