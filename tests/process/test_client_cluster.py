@@ -19,6 +19,7 @@ import pytest
 
 from quorumstore import AsyncClient, Client
 from quorumstore.client import KeyNotFound, NotificationType
+from quorumstore.client.discovery import Channels, Directory
 
 pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -82,6 +83,28 @@ def test_writes_and_notifications_survive_a_leader_kill(
 #: re-opened on the new leader to finish.
 SCAN_RECORDS = 30_000
 SCAN_VALUE = b"v" * 1024
+
+
+def test_a_started_client_knows_every_replica_of_the_shards(
+    make_cluster: Callable[..., object],
+) -> None:
+    """Found in CI: the range scan test below gave its client the leader alone and killed
+    it right after the first chunk; the client had not yet heard of the followers (it
+    asked for them only after start() had returned) and kept dialling the dead node."""
+    cluster = make_cluster(nodes=3, shards=1)
+    leader = cluster.leader_of(0)  # type: ignore[attr-defined]
+
+    async def known_at_start() -> list[str]:
+        channels = Channels()
+        directory = Directory(channels, [leader], "default")
+        try:
+            await directory.start(30)
+            return directory.known_nodes
+        finally:
+            await directory.close()
+            await channels.close()
+
+    assert sorted(asyncio.run(known_at_start())) == sorted(cluster.nodes)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("use_index", [None, "countdown"])

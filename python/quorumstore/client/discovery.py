@@ -5,7 +5,9 @@ server sends the namespace's full map on open and again whenever a leader change
 so the client follows leadership without polling. When the stream breaks (its node
 died) it reconnects, with backoff, to the next node it knows: the bootstrap
 addresses, every leader it has seen, and every shard's followers, which it asks
-the data service for (`ListShards`) whenever a map arrives.
+the data service for (`ListShards`) whenever a map arrives; for the first map before
+`start` returns, so that a client whose one bootstrap node dies at once still finds
+the others (after a map that comes later, the new map is used first).
 """
 
 from __future__ import annotations
@@ -118,6 +120,11 @@ class Directory:
             raise self._fatal
 
     @property
+    def known_nodes(self) -> list[str]:
+        """Every node address known, in the order they are tried when the stream breaks."""
+        return list(self._nodes)
+
+    @property
     def map(self) -> ShardMap:
         if self._map is None:
             raise RuntimeError("Directory.start() has not completed")
@@ -178,9 +185,13 @@ class Directory:
                     entry = message.namespaces.get(self._namespace)
                     if entry is None:
                         continue
+                    first = self._map is None
+                    if first:  # before start() returns: the bootstrap node may die next
+                        await self._learn_replicas(address)
                     self._publish(ShardMap.from_proto(entry))
                     backoff = Backoff(max_s=1.0)
-                    await self._learn_replicas(address)
+                    if not first:
+                        await self._learn_replicas(address)
             except grpc.aio.AioRpcError as e:
                 failure = classify(e)
                 if isinstance(failure, NamespaceNotFound):
