@@ -28,6 +28,7 @@ from quorumstore.data_client import DataClient
 from quorumstore.node.client_api import CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
+from quorumstore.storage.write_batch import ClientSerial
 from quorumstore.testing import official_oxia_client
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
@@ -267,21 +268,30 @@ def test_a_large_write_reaches_a_notification_subscriber(
             received.append(n)  # noqa: PERF402 - one by one, as they arrive
 
     threading.Thread(target=collect, daemon=True).start()
+    terms = [cluster.shard_metadata(shard).term for shard in range(3)]
     prefix = f"/large-{uuid.uuid4().hex[:8]}/"
     keys = [f"{prefix}{i:06d}/" + "x" * 180 for i in range(75_000)]
     rows = pa.table({"key": keys, "value": pa.array([b""] * len(keys), pa.binary())})
     with DataClient(cluster.nodes[0]) as data:
         parts = data.route(rows)
         assert len(parts) == 3 and all(p.num_rows > 20_000 for p in parts.values())
-        for shard, part in parts.items():
-            data.write(shard, part)
+        for serial, (shard, part) in enumerate(parts.items()):
+            # Exactly once, as the DataFrame writer writes: retried if a leader changes
+            # meanwhile (seen in CI on a loaded machine: a write met a fenced replica).
+            data.write(shard, part, origin=ClientSerial(prefix, serial))
 
     def ours() -> list[str]:
         return [n.key() for n in list(received) if n.key().startswith(prefix)]
 
-    poll_until(lambda: len(ours()) >= len(keys), 60, "every key's notification")
+    poll_until(lambda: len(set(ours())) >= len(keys), 60, "every key's notification")
     time.sleep(0.5)  # any duplicate would arrive now
-    assert sorted(ours()) == keys
+    if [cluster.shard_metadata(shard).term for shard in range(3)] == terms:
+        assert sorted(ours()) == keys
+    else:
+        # A leader changed meanwhile (the 5 MB entries stall a node's loop ~300 ms, and a
+        # loaded machine can make that an election): the official client re-reads a
+        # broken entry from its start, at least once by design (node/notifications.py).
+        assert sorted(set(ours())) == keys
     notifications.close()
 
 
