@@ -57,18 +57,20 @@ def claim(data_dir: Path) -> None:
     except FileNotFoundError:
         replace_durably(marker, _marker_text().encode())
         return
-    found = _format_in(text, marker)
+    found, writer = _read_marker(text, marker)
     if found != DATA_FORMAT:
         raise DataFormatError(
-            f"{data_dir} holds node data in format {found} ({_written_by(text)}), but quorumstore "
+            f"{data_dir} holds node data in format {found} ({writer}), but quorumstore "
             f"{__version__} reads only format {DATA_FORMAT}; run this node with the quorumstore "
             "version that wrote it (nothing in the directory was read or changed)"
         )
 
 
-def _format_in(text: str, marker: Path) -> int:
+def _read_marker(text: str, marker: Path) -> tuple[int, str]:
+    """The format the marker names, and who wrote it (for the error when it is not ours)."""
     try:
-        found = json.loads(text)["format"]
+        content = json.loads(text)
+        found = content["format"]
     except (ValueError, KeyError, TypeError):
         found = None
     if not isinstance(found, int) or isinstance(found, bool):
@@ -78,12 +80,8 @@ def _format_in(text: str, marker: Path) -> int:
             "written by this version, restore that content; otherwise give the node another "
             "data directory"
         )
-    return found
-
-
-def _written_by(text: str) -> str:
-    written_by = json.loads(text).get("written_by")
-    return f"written by {written_by}" if isinstance(written_by, str) else "writer unknown"
+    writer = content.get("written_by")
+    return found, f"written by {writer}" if isinstance(writer, str) else "writer unknown"
 
 
 def _marker_text() -> str:

@@ -54,14 +54,15 @@ def finished_snapshot_level(size: int) -> int:
 @dataclass
 class _Progress:
     started: float
-    #: Loop time the follower last took a chunk (or the stream started).
-    moved: float
     chunks: int = 0
     bytes: int = 0
+    #: Loop time the follower last took a chunk (or the stream started).
+    moved: float = field(init=False)
+    #: Loop time of the last progress line (or the stream's start).
     logged: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.logged = self.started
+        self.moved = self.logged = self.started
 
     def summary(self, now: float) -> str:
         seconds = now - self.started
@@ -121,7 +122,7 @@ class SnapshotStreams:
         name = f"snapshot of shard {shard[0]}/{shard[1]} to {follower}"
         position = host.machine.applied_position
         view = host.kv.snapshot()
-        progress = _Progress(loop.time(), loop.time())
+        progress = _Progress(loop.time())
         #: The chunk being read on a worker thread: the view must outlive it.
         reading: asyncio.Future[bytes | None] | None = None
 

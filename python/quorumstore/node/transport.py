@@ -110,8 +110,8 @@ class _ReplicateStream:
     async def _run(self) -> None:
         stub = pb_grpc.ReplicationStub(self._transport.channel(self._follower))
         try:
-            requests = self._requests()
-            async for ack in stub.Replicate(requests, metadata=data_format.REPLICATION_METADATA):
+            call = stub.Replicate(self._requests(), metadata=data_format.REPLICATION_METADATA)
+            async for ack in call:
                 self._transport.node.deliver(self._shard, wire.ack_from_pb(ack, self._follower))
         except grpc.aio.AioRpcError as e:
             log.debug("replicate stream %s -> %s ended: %s", self._shard, self._follower, e.code())
