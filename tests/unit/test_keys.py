@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quorumstore.storage.keys import _KERNEL_MIN_KEYS as KERNEL_MIN_KEYS
 from quorumstore.storage.keys import (
     USER_KEYS_END,
     USER_KEYS_START,
@@ -93,8 +94,10 @@ def test_sorting_by_encoding_is_hierarchical_sorting(keys: list[str]) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(keys_st, max_size=40))
-def test_vectorised_encoding_matches_scalar(keys: list[str]) -> None:
+@given(st.lists(keys_st, max_size=40), st.booleans())
+def test_vectorised_encoding_matches_scalar(keys: list[str], kernels: bool) -> None:
+    if kernels:  # long enough for the kernel path, not the short-array loop
+        keys = keys * (KERNEL_MIN_KEYS // max(len(keys), 1) + 1)
     encoded = encode_keys(pa.array(keys, pa.string()))
     assert encoded.type == pa.binary()
     assert encoded.to_pylist() == [encode_key(k) for k in keys]
@@ -107,15 +110,14 @@ def test_key_list_encoding_matches_scalar_on_both_paths(keys: list[str]) -> None
     assert encode_key_list(pa.array(keys, pa.string())) == [encode_key(k) for k in keys]
 
 
-def test_vectorised_encoding_keeps_nulls_and_slices() -> None:
-    keys = pa.array(["x/y", None, "a", "/b/"], pa.string())
-    assert encode_keys(keys).to_pylist() == [
-        encode_key("x/y"),
-        None,
-        encode_key("a"),
-        encode_key("/b/"),
-    ]
-    assert encode_keys(keys.slice(2)).to_pylist() == [encode_key("a"), encode_key("/b/")]
+@pytest.mark.parametrize("copies", [1, KERNEL_MIN_KEYS])
+def test_vectorised_encoding_keeps_nulls_and_slices(copies: int) -> None:
+    keys = pa.array(["x/y", None, "a", "/b/"] * copies, pa.string())
+    expected = [encode_key("x/y"), None, encode_key("a"), encode_key("/b/")] * copies
+    assert encode_keys(keys).to_pylist() == expected
+    assert encode_keys(keys.slice(2)).to_pylist() == expected[2:]
+    # A slice that starts after a null and ends before the array does.
+    assert encode_keys(keys.slice(2, len(keys) - 3)).to_pylist() == expected[2:-1]
 
 
 def test_encoding_layout() -> None:

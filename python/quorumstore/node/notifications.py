@@ -19,10 +19,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from quorumstore import arrow_binary
 from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.protobuf_columns import length_delimited_field, varint_field
 from quorumstore.storage.change_log import ChangeEvent
 from quorumstore.storage.state_machine import byte_bounded_runs
+
+_NOTIFICATIONS = pb.NotificationBatch.NOTIFICATIONS_FIELD_NUMBER
+_MAP_KEY, _MAP_VALUE = 1, 2  # a map's entries are messages of key = 1, value = 2
+_TYPE = pb.Notification.TYPE_FIELD_NUMBER
+_VERSION_ID = pb.Notification.VERSION_ID_FIELD_NUMBER
+_KEY_RANGE_LAST = pb.Notification.KEY_RANGE_LAST_FIELD_NUMBER
 
 #: At most this many bytes of keys and range ends go in one batch ...
 BATCH_KEY_BYTES = 1 << 20
@@ -54,19 +63,34 @@ def notification_batches(
 def _batch(
     shard: int, offset: int, timestamp_ms: int, changes: pa.RecordBatch
 ) -> pb.NotificationBatch:
-    notifications: dict[str, pb.Notification] = {}
-    columns = changes.to_pydict()
-    for key, event, version_id, range_end in zip(
-        columns["key"], columns["event"], columns["version_id"], columns["range_end"]
-    ):
-        notification = pb.Notification(type=event)
-        if event in (ChangeEvent.KEY_CREATED, ChangeEvent.KEY_MODIFIED):
-            notification.version_id = version_id
-        elif event == ChangeEvent.KEY_RANGE_DELETED:
-            notification.key_range_last = range_end or ""
-        notifications[key] = notification
-    return pb.NotificationBatch(
-        shard=shard, offset=offset, timestamp=timestamp_ms, notifications=notifications
+    """The batch, its notifications encoded column by column (`protobuf_columns`): built
+    one by one in Python they cost ~4 µs each, ~100 ms for a 25,000-key entry, all of it
+    on the node's event loop."""
+    events = changes.column("event").to_numpy(zero_copy_only=False)
+    versioned = (events == ChangeEvent.KEY_CREATED) | (events == ChangeEvent.KEY_MODIFIED)
+    ranged = events == ChangeEvent.KEY_RANGE_DELETED
+    nothing = pa.scalar(b"", pa.binary())
+    version_ids = changes.column("version_id").fill_null(0).to_numpy(zero_copy_only=False)
+    notification = pc.binary_join_element_wise(
+        # Type is an enum with implicit presence: its default (KEY_CREATED) is not sent.
+        pc.if_else(events != ChangeEvent.KEY_CREATED, varint_field(_TYPE, events), nothing),
+        pc.if_else(versioned, varint_field(_VERSION_ID, version_ids), nothing),
+        pc.if_else(
+            ranged,
+            length_delimited_field(_KEY_RANGE_LAST, changes.column("range_end").fill_null("")),
+            nothing,
+        ),
+        nothing,
+    )
+    map_entry = pc.binary_join_element_wise(
+        length_delimited_field(_MAP_KEY, changes.column("key")),
+        length_delimited_field(_MAP_VALUE, notification),
+        nothing,
+    )
+    header = pb.NotificationBatch(shard=shard, offset=offset, timestamp=timestamp_ms)
+    return pb.NotificationBatch.FromString(
+        header.SerializeToString()
+        + arrow_binary.concatenated(length_delimited_field(_NOTIFICATIONS, map_entry))
     )
 
 

@@ -23,7 +23,9 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from quorumstore import arrow_binary
 from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.protobuf_columns import varint_sizes
 
 # One byte per tag: the fields involved are numbered below 16.
 assert pb.PutRequest.KEY_FIELD_NUMBER < 16 and pb.PutRequest.VALUE_FIELD_NUMBER < 16
@@ -42,23 +44,9 @@ class PlainPuts(NamedTuple):
     largest_value_bytes: int
 
 
-#: Smallest value of each varint size past one byte (7 payload bits per byte).
-_VARINT_STEPS = np.array([1 << 7, 1 << 14, 1 << 21, 1 << 28], np.int64)
-
-
-def _lengths(array: pa.Array) -> np.ndarray:
-    offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
-    return np.diff(offsets)
-
-
-def _varint_bytes(n: np.ndarray) -> np.ndarray:
-    """Bytes of the protobuf varint of each length."""
-    return 1 + _VARINT_STEPS.searchsorted(n, side="right")
-
-
 def _field_bytes(lengths: np.ndarray) -> np.ndarray:
     """Encoded size of a length-delimited proto3 field of each length (0: not encoded)."""
-    return (lengths > 0) * (_TAG_BYTES + _varint_bytes(lengths) + lengths)
+    return (lengths > 0) * (_TAG_BYTES + varint_sizes(lengths) + lengths)
 
 
 #: Requests with at most this many puts are measured by their key-and-value copy.
@@ -74,9 +62,9 @@ def plain_puts(request: pb.WriteRequest) -> PlainPuts | None:
         return _small_plain_puts(request)
     keys = pa.array([put.key for put in puts], pa.string())
     values = pa.array([put.value for put in puts], pa.binary())
-    key_bytes, value_bytes = _lengths(keys), _lengths(values)
+    key_bytes, value_bytes = arrow_binary.lengths(keys), arrow_binary.lengths(values)
     put_bytes = _field_bytes(key_bytes) + _field_bytes(value_bytes)
-    expected = int((_TAG_BYTES + _varint_bytes(put_bytes) + put_bytes).sum(dtype=np.int64))
+    expected = int((_TAG_BYTES + varint_sizes(put_bytes) + put_bytes).sum(dtype=np.int64))
     if request.HasField("shard"):
         expected += pb.WriteRequest(shard=request.shard).ByteSize()
     if request.ByteSize() != expected:

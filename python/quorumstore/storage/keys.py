@@ -19,8 +19,11 @@ bookkeeping under INTERNAL_PREFIX (0x00), a key space no user key can reach.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from quorumstore import arrow_binary
 
 #: First byte of keys the storage layer reserves for itself.
 INTERNAL_PREFIX = b"\x00"
@@ -92,17 +95,44 @@ _KERNEL_MIN_KEYS = 256
 
 
 def encode_keys(keys: pa.Array) -> pa.BinaryArray:
-    """`encode_key` over a whole StringArray, with Arrow kernels only (nulls stay null)."""
+    """`encode_key` over a whole StringArray, with Arrow kernels only (nulls stay null).
+
+    The last '/' of each key is found by a reverse split, not a regex: RE2 cost ~10 ns
+    per byte, 50 ms for a 25,000-key entry of 200-byte keys, most of that entry's apply.
+    """
     if len(keys) < _KERNEL_MIN_KEYS:
         return pa.array(
             [None if k is None else encode_key(k) for k in keys.to_pylist()], pa.binary()
         )
-    data = pc.replace_substring(keys.cast(pa.binary()), b"\x00", _ESCAPED_ZERO)
-    # RE2 runs binary input in Latin-1 mode, so [^/] matches every other byte.
-    data = pc.replace_substring_regex(data, r"/([^/]*)\z", _LAST_LEVEL + rb"\1", max_replacements=1)
-    data = pc.replace_substring(data, b"/", _NEXT_LEVEL)
-    tags = pc.if_else(pc.match_substring(keys, "/"), pa.scalar(_MORE), pa.scalar(_LAST))
-    return pc.binary_join_element_wise(tags, data, pa.scalar(b""))
+    data = keys.cast(pa.binary()).fill_null(b"")
+    if _holds_zero(data):
+        data = pc.replace_substring(data, b"\x00", _ESCAPED_ZERO)
+    # [everything before the last '/', what follows it] for a key with a '/'; [key] else.
+    parts = pc.split_pattern(data, b"/", max_splits=1, reverse=True)
+    ends = parts.offsets.to_numpy()
+    segments = parts.flatten()
+    last = segments.take(ends[1:] - 1)
+    nested = np.diff(ends) == 2
+    if nested.any():
+        head = pc.replace_substring(segments.take(ends[:-1]), b"/", _NEXT_LEVEL)
+        encoded = pc.binary_join_element_wise(_MORE, head, _LAST_LEVEL, last, b"")
+        if not nested.all():
+            flat = pc.binary_join_element_wise(_LAST, last, b"")
+            encoded = pc.if_else(pa.array(nested), encoded, flat)
+    else:
+        encoded = pc.binary_join_element_wise(_LAST, last, b"")
+    if keys.null_count:
+        encoded = pc.if_else(keys.is_valid(), encoded, pa.scalar(None, pa.binary()))
+    return encoded
+
+
+def _holds_zero(data: pa.BinaryArray) -> bool:
+    ends = arrow_binary.offsets(data)
+    if ends[0] == ends[-1]:
+        return False
+    return bool(
+        (np.frombuffer(data.buffers()[2], np.uint8, ends[-1] - ends[0], ends[0]) == 0).any()
+    )
 
 
 def encode_key_list(keys: pa.StringArray) -> list[bytes]:

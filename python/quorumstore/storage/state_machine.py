@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from quorumstore import arrow_binary
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition
 from quorumstore.storage import change_log, secondary_indexes, sequences, sessions, staging
 from quorumstore.storage.keys import (
@@ -316,17 +317,12 @@ def _record_headers(records: pa.BinaryArray) -> np.ndarray:
     return np.frombuffer(_fixed_width_data(raw, _HEADER.size), _RECORD_HEADER, len(raw))
 
 
-def _offsets(items: pa.BinaryArray) -> np.ndarray:
-    """The len(items) + 1 offsets of a (possibly sliced) BinaryArray, viewed in place."""
-    return np.frombuffer(items.buffers()[1], np.int32, len(items) + 1, items.offset * 4)
-
-
 def _record_suffixes(records: pa.BinaryArray, starts: np.ndarray) -> pa.BinaryArray:
     """Record i from byte starts[i] on, for every i: the values behind variable-length
     strings. A list view over the records' bytes picks the suffixes, flattening packs
     them, and their sizes give the new offsets."""
     n = len(records)
-    offsets = _offsets(records)
+    offsets = arrow_binary.offsets(records)
     begins = offsets[:-1] + starts.astype(np.int32)
     sizes = offsets[1:] - begins
     if (sizes < 0).any():
@@ -371,7 +367,7 @@ def _records_batch(keys: pa.BinaryArray, records: pa.BinaryArray) -> pa.RecordBa
 
 def _byte_ends(items: pa.BinaryArray) -> np.ndarray:
     """Bytes of items[0..i] for every i (int64), read from the array's offsets."""
-    offsets = _offsets(items)
+    offsets = arrow_binary.offsets(items)
     return offsets[1:].astype(np.int64) - offsets[0]
 
 
@@ -478,12 +474,6 @@ def _packed_binary(rows: np.ndarray) -> pa.BinaryArray:
     width = rows.dtype.itemsize
     fixed = pa.Array.from_buffers(pa.binary(width), len(rows), [None, pa.py_buffer(rows)])
     return fixed.cast(pa.binary())
-
-
-def _concatenated(values: pa.BinaryArray) -> bytes:
-    """All values of a binary array back to back."""
-    offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
-    return values.buffers()[2][offsets[0] : offsets[-1]].to_pybytes()
 
 
 def _all_empty(lists: pa.ListArray) -> bool:
@@ -1093,7 +1083,7 @@ class ShardStateMachine(ShardReader):
             results = (
                 _COUNTER.pack(leading_ranges + n)
                 + encode_results([_OK] * leading_ranges)[_COUNTER.size :]
-                + _concatenated(
+                + arrow_binary.concatenated(
                     pc.binary_join_element_wise(_packed_binary(result_header), heads, b"")
                 )
             )

@@ -1,0 +1,28 @@
+"""Views of a binary or string Arrow array's buffers, for numpy work over all its rows.
+
+Arrow kernels slice arrays without copying, so each view starts at the array's offset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def offsets(items: pa.Array) -> np.ndarray:
+    """The len(items) + 1 int32 offsets of a (possibly sliced) binary or string array,
+    viewed in place."""
+    return np.frombuffer(items.buffers()[1], np.int32, len(items) + 1, items.offset * 4)
+
+
+def lengths(items: pa.Array) -> np.ndarray:
+    """The byte size of every item."""
+    return np.diff(offsets(items))
+
+
+def concatenated(items: pa.Array) -> bytes:
+    """All items' bytes back to back."""
+    ends = offsets(items)
+    if ends[0] == ends[-1]:
+        return b""
+    return items.buffers()[2][int(ends[0]) : int(ends[-1])].to_pybytes()
