@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from quorumstore.node.failures import ReplicaFailure
@@ -19,8 +22,9 @@ from quorumstore.protocol.messages import (
     SendSnapshot,
 )
 from quorumstore.protocol.replica import NotLeaderError
-from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, Role, make_entry
-from quorumstore.storage.write_batch import WriteBatchBuilder
+from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, Role, make_entry
+from quorumstore.storage.state_machine import EntryResult
+from quorumstore.storage.write_batch import WriteBatchBuilder, puts_batch
 
 SHARD = ("default", 0)
 
@@ -178,8 +182,9 @@ def test_a_follower_keeps_applying_while_appends_stream_in(tmp_path: Path) -> No
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("payload_bytes", [24, 2 * 1024 * 1024])  # on the loop, off it
 def test_a_replica_whose_apply_fails_stops_fails_its_writes_and_reports_once(
-    tmp_path: Path,
+    tmp_path: Path, payload_bytes: int
 ) -> None:
     """An error escaping the Ready loop (here: a committed entry that does not decode) must
     stop the replica: before, the leader kept its leadership, its clients' writes waited
@@ -201,7 +206,9 @@ def test_a_replica_whose_apply_fails_stops_fails_its_writes_and_reports_once(
             host.step(BecomeLeader(SHARD, 1, 1, {}))  # replication factor 1: commits alone
             assert host.replica.role is Role.LEADER
             with pytest.raises(NotLeaderError):
-                await asyncio.wait_for(host.write(b"not an Arrow write batch"), 5)
+                await asyncio.wait_for(
+                    host.write(b"not an Arrow write batch".ljust(payload_bytes)), 5
+                )
             host.tick()
             host.step(NewTerm(SHARD, 2))
             await _settle(host)
@@ -223,3 +230,111 @@ def test_a_replica_whose_apply_fails_stops_fails_its_writes_and_reports_once(
     assert "shard default/0 on node a failed" in str(failures[0])
     assert "restart the node" in str(failures[0])
     assert not loop_errors, loop_errors
+
+
+def _bulk_put(rows: int) -> bytes:
+    """One entry of `rows` puts of ~200 bytes, the shape of a DataFrame write's entries."""
+    keys = pa.array([f"/bulk/{i:06d}/" + "x" * 180 for i in range(rows)])
+    return puts_batch(keys, pa.array([b""] * rows, pa.binary()), 1_700_000_000_000)
+
+
+class ApplySpy:
+    """Wraps a host's real `machine.apply`: notes the thread and outcome of each call, and
+    runs `during` (in the applying thread) before the real apply."""
+
+    def __init__(self, host: ShardHost, during: Callable[[], None] = lambda: None) -> None:
+        self.calls: list[tuple[int, str]] = []  # (thread id, "ok" or the error)
+        real = host.machine.apply
+
+        def apply(entries: Sequence[LogEntry]) -> list[EntryResult | None]:
+            during()
+            try:
+                results = real(entries)
+            except Exception as error:
+                self.calls.append((threading.get_ident(), repr(error)))
+                raise
+            self.calls.append((threading.get_ident(), "ok"))
+            return results
+
+        host.machine.apply = apply  # type: ignore[method-assign]
+
+
+def test_a_bulk_entry_is_applied_off_the_event_loop_and_small_ones_on_it(tmp_path: Path) -> None:
+    """Applying a bulk write's entry took 80-150 ms, long enough on a loaded machine for
+    the coordinator to miss health reports; it runs on a worker thread while the loop
+    goes on. Here the apply waits until a coroutine on the loop has run, which it could
+    never do if it held the loop. Small entries, where the thread hop costs more than the
+    apply, stay on the loop."""
+    started, loop_ran = threading.Event(), threading.Event()
+
+    def wait_for_the_loop() -> None:
+        started.set()
+        loop_ran.wait(5)
+
+    async def note_loop_turns() -> None:
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        loop_ran.set()
+
+    async def scenario() -> None:
+        loop_thread = threading.get_ident()
+        with ThreadPoolExecutor(2) as io:
+            host = ShardHost(
+                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
+            )
+            try:
+                host.step(NewTerm(SHARD, 1))
+                host.step(BecomeLeader(SHARD, 1, 1, {}))  # replication factor 1: commits alone
+                spy = ApplySpy(host, wait_for_the_loop)
+                watcher = asyncio.ensure_future(note_loop_turns())
+                bulk = await asyncio.wait_for(host.write(_bulk_put(10_000)), 30)
+                await watcher
+                assert loop_ran.is_set(), "the loop did not run while the bulk entry was applied"
+                assert len(bulk.results) == 10_000
+                assert [(thread != loop_thread, outcome) for thread, outcome in spy.calls] == [
+                    (True, "ok")
+                ]
+                small = await asyncio.wait_for(host.write(_put("/small")), 30)
+                assert small.offset == bulk.offset + 1
+                assert spy.calls[1:] == [(loop_thread, "ok")]
+                assert host.machine.get("/bulk/009999/" + "x" * 180) is not None
+            finally:
+                host.close()
+
+    asyncio.run(scenario())
+
+
+def test_closing_a_host_waits_for_an_apply_on_the_worker_thread(tmp_path: Path) -> None:
+    """The KV must not be closed under an apply still running on the worker thread (a
+    node stopping, or a snapshot install, mid-apply): close waits for it to end."""
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(5)
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(2) as io:
+            host = ShardHost(
+                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
+            )
+            host.step(NewTerm(SHARD, 1))
+            host.step(BecomeLeader(SHARD, 1, 1, {}))
+            spy = ApplySpy(host, hold)
+            write = asyncio.ensure_future(host.write(_bulk_put(10_000)))
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            threading.Timer(0.2, release.set).start()
+            host.close()  # blocks the loop until the apply has ended
+            assert [outcome for _, outcome in spy.calls] == ["ok"]
+            with pytest.raises(NotLeaderError):
+                await write
+            reopened = ShardHost(
+                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
+            )
+            try:
+                assert reopened.machine.get("/bulk/000000/" + "x" * 180) is not None
+            finally:
+                reopened.close()
+
+    asyncio.run(scenario())

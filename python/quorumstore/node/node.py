@@ -78,6 +78,8 @@ class Node:
         self.hosts: dict[ShardKey, ShardHost] = {}
         self.transport = NodeTransport(self)
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qs-io")
+        #: Bulk applies (see `ShardHost`), apart from the fsyncs so as not to delay them.
+        self._apply = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qs-apply")
         self.kv_memory = KvMemory(config.kv_memory_bytes)
         self._server: grpc.aio.Server | None = None
         self._client_api: OxiaClientServicer | None = None
@@ -134,6 +136,7 @@ class Node:
             except Exception:  # the other shards still get closed
                 log.exception("node %s: closing shard %s failed", self.name, host.shard)
         self._io.shutdown(wait=True)
+        self._apply.shutdown(wait=True)
 
     async def wait(self) -> None:
         """Returns when the server stops; raises ReplicaFailure once a shard replica here
@@ -190,6 +193,7 @@ class Node:
             self._shard_dir(shard),
             self.transport,
             self._io,
+            apply_executor=self._apply,
             on_failure=self._replica_failed,
             wal_sync=self.config.wal_sync,
             replica_config=ReplicaConfig(),

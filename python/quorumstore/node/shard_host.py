@@ -6,7 +6,7 @@ group commit (one fdatasync for everything appended since the last one, on a wor
 thread while the event loop keeps appending), applies committed entries to the KV and
 resolves the writes waiting on them. A follower applies on a later turn, between
 fsyncs, so that applying never delays its Acks. Everything here runs on the node's
-event loop.
+event loop, except the fsyncs and the apply of bulk entries (`_APPLY_OFF_LOOP_BYTES`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import functools
 import logging
 import os
 import shutil
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from quorumstore.protocol.messages import (
     SnapshotReceived,
 )
 from quorumstore.protocol.replica import NotLeaderError, ReplicaConfig, ShardReplica
-from quorumstore.protocol.types import LogPosition, Role
+from quorumstore.protocol.types import LogEntry, LogPosition, Role
 from quorumstore.storage.durable_files import replace_durably
 from quorumstore.storage.kv import KvMemory, RocksKv
 from quorumstore.storage.state_machine import EntryResult, ShardReader, ShardStateMachine
@@ -48,6 +49,8 @@ _NOOP = WriteBatchBuilder().build(0)
 #: Committed entries applied per turn of the event loop (see `_apply_committed`).
 _APPLY_CHUNK_ENTRIES = 32
 _APPLY_CHUNK_BYTES = 64 * 1024 * 1024
+#: Committed entries of at least this many bytes in all are applied on a worker thread.
+_APPLY_OFF_LOOP_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class ShardHost:
         transport: Transport,
         io_executor: Executor,
         *,
+        apply_executor: Executor | None = None,
         on_failure: Callable[[ReplicaFailure], None],
         wal_sync: bool = True,
         replica_config: ReplicaConfig = ReplicaConfig(),
@@ -129,6 +133,8 @@ class ShardHost:
         self.directory = directory
         self._transport = transport
         self._io = io_executor
+        #: Where bulk entries are applied (see `_apply_committed`); default: `io_executor`.
+        self._apply_executor = apply_executor or io_executor
         self._on_failure = on_failure
         directory.mkdir(parents=True, exist_ok=True)
         for leftover in directory.glob("snapshot-staging*"):  # streams cut by a crash
@@ -162,6 +168,9 @@ class ShardHost:
         self._processing_scheduled = False
         self._follower_apply_scheduled = False
         self._synced_since_apply = False
+        #: Held by the worker thread while it applies (see `_apply_committed`).
+        self._apply_lock = threading.Lock()
+        self._apply_in_flight = False
         self._closed = False
         self._staged_snapshot: tuple[LogPosition, Path] | None = None
 
@@ -277,7 +286,8 @@ class ShardHost:
     def _swap_in_snapshot(self, position: LogPosition) -> None:
         assert self._staged_snapshot is not None and self._staged_snapshot[0] == position
         _, staged = self._staged_snapshot
-        self.kv.close()
+        with self._apply_lock:  # an apply on the worker thread ends first
+            self.kv.close()
         live = self.directory / "kv"
         old = self.directory / "kv-old"
         shutil.rmtree(old, ignore_errors=True)
@@ -388,7 +398,16 @@ class ShardHost:
         entries (after a restart, say) would otherwise hold the event loop for seconds:
         no health report, Ack or client call would be served meanwhile, and the
         coordinator would take the node for dead (and replace it if it leads).
+
+        A slice of `_APPLY_OFF_LOOP_BYTES` or more (a bulk write's entry: 25,000 keys of
+        200 bytes took 80-150 ms to apply, longer on a loaded machine) is applied on a
+        worker thread instead. RocksDB's writes and Arrow's kernels release the GIL, and
+        Python hands it over every few ms, so the loop goes on serving meanwhile. Smaller
+        slices stay on the loop, where they cost less than the thread hop would. One
+        slice is applied at a time; the next waits for it.
         """
+        if self._apply_in_flight:
+            return  # `_applied_off_loop` goes on from where it ends
         upto = min(commit_offset, self.wal.head.offset)
         applied = self.machine.applied_position.offset
         if upto <= applied:
@@ -396,13 +415,47 @@ class ShardHost:
         entries = self.wal.read(
             applied + 1, min(_APPLY_CHUNK_ENTRIES, upto - applied), _APPLY_CHUNK_BYTES
         )
-        results = self.machine.apply(entries)
+        if sum(len(entry.payload) for entry in entries) < _APPLY_OFF_LOOP_BYTES:
+            self._resolve_writes(entries, self.machine.apply(entries))
+            if entries and entries[-1].offset < upto:
+                self._schedule_processing()
+            return
+        self._apply_in_flight = True
+        machine = self.machine
+        future = asyncio.get_running_loop().run_in_executor(
+            self._apply_executor, self._apply_on_worker, machine, entries
+        )
+        future.add_done_callback(lambda done: self._applied_off_loop(done, machine, entries))
+
+    def _apply_on_worker(
+        self, machine: ShardStateMachine, entries: Sequence[LogEntry]
+    ) -> list[EntryResult | None]:
+        with self._apply_lock:
+            if self._closed or machine is not self.machine:  # closed or replaced meanwhile
+                return []
+            return machine.apply(entries)
+
+    @_stops_on_failure
+    def _applied_off_loop(
+        self,
+        done: asyncio.Future[list[EntryResult | None]],
+        machine: ShardStateMachine,
+        entries: Sequence[LogEntry],
+    ) -> None:
+        self._apply_in_flight = False
+        if self._closed:
+            return
+        if machine is self.machine:  # not replaced by a snapshot meanwhile
+            self._resolve_writes(entries, done.result())  # an apply error stops the replica
+        self._apply_committed(self.replica.commit_offset)
+
+    def _resolve_writes(
+        self, entries: Sequence[LogEntry], results: list[EntryResult | None]
+    ) -> None:
         for entry, result in zip(entries, results):
             future = self._pending.pop(entry.offset, None)
             if future is not None and not future.done() and result is not None:
                 future.set_result(result)
-        if entries and entries[-1].offset < upto:
-            self._schedule_processing()
 
     # ------------------------------------------------------------------ WAL retention
 
@@ -492,4 +545,5 @@ class ShardHost:
         try:
             self.wal.close()
         finally:
-            self.kv.close()
+            with self._apply_lock:  # an apply on the worker thread ends first
+                self.kv.close()

@@ -30,6 +30,7 @@ from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import Ack, AckStatus, Message, SendSnapshot, ShardKey
 from quorumstore.storage.snapshot import iter_snapshot_chunks
+from quorumstore.storage.state_machine import ShardReader
 
 if TYPE_CHECKING:
     from quorumstore.node.shard_host import ShardHost
@@ -120,8 +121,9 @@ class SnapshotStreams:
         loop = asyncio.get_running_loop()
         shard, follower = host.shard, request.follower
         name = f"snapshot of shard {shard[0]}/{shard[1]} to {follower}"
-        position = host.machine.applied_position
         view = host.kv.snapshot()
+        # The view's own position: an apply on a worker thread may be writing meanwhile.
+        position = ShardReader(view).applied_position
         progress = _Progress(loop.time())
         #: The chunk being read on a worker thread: the view must outlive it.
         reading: asyncio.Future[bytes | None] | None = None
