@@ -288,9 +288,10 @@ def test_a_large_write_reaches_a_notification_subscriber(
     if [cluster.shard_metadata(shard).term for shard in range(3)] == terms:
         assert sorted(ours()) == keys
     else:
-        # A leader changed meanwhile (the 5 MB entries stall a node's loop ~300 ms, and a
-        # loaded machine can make that an election): the official client re-reads a
-        # broken entry from its start, at least once by design (node/notifications.py).
+        # A leader changed meanwhile (a loaded machine can stall a node long enough for
+        # an election; the 5 MB entries once stalled a loop ~300 ms, now applied off it):
+        # the official client re-reads a broken entry from its start, at least once by
+        # design (node/notifications.py).
         assert sorted(set(ours())) == keys
     notifications.close()
 
