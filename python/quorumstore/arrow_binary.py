@@ -20,9 +20,14 @@ def lengths(items: pa.Array) -> np.ndarray:
     return np.diff(offsets(items))
 
 
-def concatenated(items: pa.Array) -> bytes:
-    """All items' bytes back to back."""
+def data(items: pa.Array) -> pa.Buffer:
+    """All items' bytes back to back, as a view of the array's data buffer."""
     ends = offsets(items)
     if ends[0] == ends[-1]:
-        return b""
-    return items.buffers()[2][int(ends[0]) : int(ends[-1])].to_pybytes()
+        return pa.py_buffer(b"")
+    return items.buffers()[2].slice(int(ends[0]), int(ends[-1] - ends[0]))
+
+
+def concatenated(items: pa.Array) -> bytes:
+    """All items' bytes back to back, copied."""
+    return data(items).to_pybytes()

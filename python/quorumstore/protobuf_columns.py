@@ -24,7 +24,7 @@ _VARINT_STEPS = np.array([1 << shift for shift in range(7, 64, 7)], np.uint64)
 
 def varint_sizes(values: np.ndarray) -> np.ndarray:
     """Bytes of the protobuf varint of each value (int64 or uint64; negatives take 10)."""
-    return 1 + _VARINT_STEPS.searchsorted(values.astype(np.uint64), side="right")
+    return 1 + _VARINT_STEPS.searchsorted(values.astype(np.uint64, copy=False), side="right")
 
 
 def varints(values: np.ndarray) -> pa.BinaryArray:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from quorumstore import arrow_binary
 from quorumstore.spark.arrow_types import holds
 
 #: The IPC stream's end marker: a continuation token and a zero metadata length.
@@ -111,11 +112,7 @@ def _read_group(values: pa.Array, schema_message: bytes) -> pa.Table:
     batches = pc.binary_slice(values, len(schema_message), -len(_END))
     if pc.any(pc.equal(pc.binary_length(batches), 0)).as_py():
         raise NotArrowValue("an Arrow value holds no record batch; it must hold one row")
-    offsets = np.frombuffer(batches.buffers()[1], np.int32)[: len(batches) + 1]
-    data = batches.buffers()[2]
-    stream = b"".join(
-        [schema_message, memoryview(data)[offsets[0] : offsets[-1]], _END]  # three pieces
-    )
+    stream = b"".join([schema_message, arrow_binary.data(batches), _END])  # three pieces
     try:
         table = pa.ipc.open_stream(pa.py_buffer(stream)).read_all()
     except (pa.ArrowInvalid, OSError) as e:

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
 
+from quorumstore import arrow_binary
 from quorumstore.spark.arrow_types import holds
 
 _PAD = ord("=")
@@ -94,9 +95,7 @@ def base64_decoded(text: pa.Array) -> pa.Array:
     """
     valid = text.is_valid()
     filled = text.fill_null("").cast(pa.string())
-    offsets = np.frombuffer(filled.buffers()[1], np.int32)[
-        filled.offset : filled.offset + len(filled) + 1
-    ].astype(np.int64)
+    offsets = arrow_binary.offsets(filled).astype(np.int64)
     lengths = np.diff(offsets)
     if np.any(lengths % 4):
         row = int(np.flatnonzero(lengths % 4)[0])
@@ -195,9 +194,7 @@ def _decode_rows(objects: list[dict[str, object]], field: pa.Field) -> pa.Array:
 def _lines(values: pa.Array) -> pa.BufferReader:
     """The values as one newline-separated text, joined by an Arrow kernel."""
     joined = pc.binary_join_element_wise(values, pa.scalar(b"\n"), b"")
-    offsets = np.frombuffer(joined.buffers()[1], np.int32)
-    first, last = int(offsets[0]), int(offsets[len(joined)])
-    return pa.BufferReader(joined.buffers()[2].slice(first, last - first))
+    return pa.BufferReader(arrow_binary.data(joined))
 
 
 def decode(values: pa.Array, schema: pa.Schema, described: str) -> list[pa.Array]:

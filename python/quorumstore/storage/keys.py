@@ -105,7 +105,7 @@ def encode_keys(keys: pa.Array) -> pa.BinaryArray:
             [None if k is None else encode_key(k) for k in keys.to_pylist()], pa.binary()
         )
     data = keys.cast(pa.binary()).fill_null(b"")
-    if _holds_zero(data):
+    if (np.frombuffer(arrow_binary.data(data), np.uint8) == 0).any():
         data = pc.replace_substring(data, b"\x00", _ESCAPED_ZERO)
     # [everything before the last '/', what follows it] for a key with a '/'; [key] else.
     parts = pc.split_pattern(data, b"/", max_splits=1, reverse=True)
@@ -113,26 +113,16 @@ def encode_keys(keys: pa.Array) -> pa.BinaryArray:
     segments = parts.flatten()
     last = segments.take(ends[1:] - 1)
     nested = np.diff(ends) == 2
+    encoded = None if nested.all() else pc.binary_join_element_wise(_LAST, last, b"")
     if nested.any():
         head = pc.replace_substring(segments.take(ends[:-1]), b"/", _NEXT_LEVEL)
-        encoded = pc.binary_join_element_wise(_MORE, head, _LAST_LEVEL, last, b"")
-        if not nested.all():
-            flat = pc.binary_join_element_wise(_LAST, last, b"")
-            encoded = pc.if_else(pa.array(nested), encoded, flat)
-    else:
-        encoded = pc.binary_join_element_wise(_LAST, last, b"")
+        with_levels = pc.binary_join_element_wise(_MORE, head, _LAST_LEVEL, last, b"")
+        encoded = (
+            with_levels if encoded is None else pc.if_else(pa.array(nested), with_levels, encoded)
+        )
     if keys.null_count:
         encoded = pc.if_else(keys.is_valid(), encoded, pa.scalar(None, pa.binary()))
     return encoded
-
-
-def _holds_zero(data: pa.BinaryArray) -> bool:
-    ends = arrow_binary.offsets(data)
-    if ends[0] == ends[-1]:
-        return False
-    return bool(
-        (np.frombuffer(data.buffers()[2], np.uint8, ends[-1] - ends[0], ends[0]) == 0).any()
-    )
 
 
 def encode_key_list(keys: pa.StringArray) -> list[bytes]:
