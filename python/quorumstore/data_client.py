@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from quorumstore.arrow_ipc import ipc_batches, ipc_bytes
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.storage.write_batch import ClientSerial
@@ -101,22 +102,6 @@ class Offsets:
     commit_offset: int
     #: Changes after this offset are kept (-1: none expired).
     changes_kept_after: int
-
-
-def read_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-
-
-def ipc_batches(data: bytes) -> list[pa.RecordBatch]:
-    """The record batches of an IPC stream, empty ones included."""
-    return list(pa.ipc.open_stream(pa.py_buffer(data)))
-
-
-def ipc_bytes(data: pa.Table | pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
-        writer.write(data)
-    return sink.getvalue().to_pybytes()
 
 
 def _describe(error: grpc.RpcError) -> str:

@@ -90,10 +90,3 @@ def test_merged_shard_tables_are_in_hierarchical_key_order() -> None:
     assert keys == ["/b", "/a/b", "/a/z", "/a/b/c", "/c/d/e"]
     assert all(compare_keys(a, b) < 0 for a, b in itertools.pairwise(keys))
     assert arrow.merge_tables([]).schema == SCAN_SCHEMA
-
-
-def test_ipc_round_trips_a_batch() -> None:
-    rows = pa.RecordBatch.from_arrays(
-        [pa.array(KEYS), pa.array(VALUES, pa.binary())], schema=arrow.ROWS_SCHEMA
-    )
-    assert arrow.read_ipc(arrow.ipc(rows)).to_batches()[0].equals(rows)

@@ -33,7 +33,8 @@ from pyspark.sql.datasource import (
 )
 
 from quorumstore import Client
-from quorumstore.data_client import DataClient, DataClientError, key_hash, read_ipc
+from quorumstore.arrow_ipc import ipc_bytes, read_ipc
+from quorumstore.data_client import DataClient, DataClientError, key_hash
 from quorumstore.node.data_api import MAX_ENTRY_BYTES, MAX_WRITE_BYTES, PIECE_BYTES
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
@@ -265,18 +266,26 @@ def test_replace_deletes_the_range_and_puts_in_one_entry(client: DataClient) -> 
 def test_bad_rows_are_refused_before_anything_is_written(
     client: DataClient, table: pa.Table, message: str
 ) -> None:
-    request = pb.WriteArrowRequest(namespace="default", shard=0, unique_keys=True, ipc=_ipc(table))
+    request = pb.WriteArrowRequest(
+        namespace="default", shard=0, unique_keys=True, ipc=ipc_bytes(table)
+    )
     with pytest.raises(grpc.RpcError) as caught:
         _stub(client).WriteArrow(request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in caught.value.details()
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
+@pytest.mark.parametrize("cut", [0, 20])
+def test_rows_that_are_no_whole_ipc_stream_are_refused(client: DataClient, cut: int) -> None:
+    """Junk, and a stream cut inside its record batch (pyarrow's OSError, not ArrowInvalid)."""
+    whole = ipc_bytes(pa.table({"key": ["a"], "value": [b"1"]}))
+    request = pb.WriteArrowRequest(
+        namespace="default", shard=0, ipc=whole[: len(whole) - cut] if cut else b"junk"
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        _stub(client).WriteArrow(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not an Arrow IPC stream" in caught.value.details()
 
 
 def _stub(client: DataClient) -> pb_grpc.QuorumstoreDataStub:

@@ -104,18 +104,6 @@ def row_batches(rows: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         yield rows.slice(start, step)
 
 
-def ipc(batch: pa.RecordBatch) -> bytes:
-    """An Arrow IPC stream holding `batch`."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
-def read_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-
-
 def merge_tables(tables: Sequence[pa.Table], *, by_index: bool = False) -> pa.Table:
     """One table of every shard's rows, in hierarchical key order; `by_index`: rows
     found through an index, in index order -- by secondary key, then primary key

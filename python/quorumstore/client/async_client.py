@@ -24,6 +24,7 @@ from typing import Self
 
 import pyarrow as pa
 
+from quorumstore.arrow_ipc import ipc_bytes, read_ipc
 from quorumstore.client import arrow
 from quorumstore.client.batcher import Batcher, BatchLimits
 from quorumstore.client.calls import ShardCaller
@@ -547,7 +548,7 @@ class AsyncClient:
         """Queues one WriteArrow on the shard's write lanes; its future says how it went."""
         assert self._writer is not None
         writer = self._writer
-        payload = arrow.ipc(rows)
+        payload = ipc_bytes(rows)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def job(lane: int) -> None:
@@ -724,7 +725,7 @@ class AsyncClient:
 
             async def attempt(leader: str, timeout_s: float) -> pa.Table:
                 # No per-attempt timeout: a large scan may take longer than one.
-                parts = [arrow.read_ipc(c.ipc) async for c in stub(leader).ScanArrow(request)]
+                parts = [read_ipc(c.ipc) async for c in stub(leader).ScanArrow(request)]
                 return pa.concat_tables(parts)
 
             return await caller.call(shard, attempt, "scan")

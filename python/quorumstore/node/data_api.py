@@ -44,6 +44,7 @@ import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from quorumstore.arrow_ipc import NotIpcStream, ipc_bytes, read_ipc
 from quorumstore.event_loops import abandon
 from quorumstore.node.aborts import abort
 from quorumstore.proto import quorumstore_data_pb2 as pb
@@ -157,19 +158,11 @@ def _invalid(message: str) -> _Refused:
 # ------------------------------------------------------------------ Arrow helpers
 
 
-def ipc_bytes(batch: pa.RecordBatch) -> bytes:
-    """An Arrow IPC stream holding `batch` (schema included)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
 def read_rows(data: bytes, what: str) -> pa.Table:
     """The ROWS_SCHEMA table in an IPC stream; `_Refused` (INVALID_ARGUMENT) if it is not one."""
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except pa.ArrowInvalid as e:
+        table = read_ipc(data)
+    except NotIpcStream as e:
         raise _invalid(f"{what} is not an Arrow IPC stream: {e}") from None
     missing = [f.name for f in ROWS_SCHEMA if f.name not in table.column_names]
     if missing:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quorumstore import arrow_binary
+from quorumstore.arrow_ipc import NotIpcStream, read_ipc
 from quorumstore.spark.arrow_types import holds
 
 #: The IPC stream's end marker: a continuation token and a zero metadata length.
@@ -114,8 +115,8 @@ def _read_group(values: pa.Array, schema_message: bytes) -> pa.Table:
         raise NotArrowValue("an Arrow value holds no record batch; it must hold one row")
     stream = b"".join([schema_message, arrow_binary.data(batches), _END])  # three pieces
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(stream)).read_all()
-    except (pa.ArrowInvalid, OSError) as e:
+        table = read_ipc(stream)
+    except NotIpcStream as e:
         raise NotArrowValue(
             f"a value is not an Arrow IPC stream (valueFormat arrow): {e}"
         ) from None

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
+from quorumstore.arrow_ipc import NotIpcStream, ipc_bytes, read_ipc
 from quorumstore.protocol.types import LogPosition
 from quorumstore.storage.keys import USER_KEYS_START
 from quorumstore.storage.kv import Item, KvReader, KvStore
@@ -58,10 +59,7 @@ def _encode_chunk(index: int, last: bool, items: list[Item], position: LogPositi
     schema = CHUNK_SCHEMA.with_metadata(metadata)
     keys = pa.array([key for key, _ in items], pa.binary())
     values = pa.array([value for _, value in items], pa.binary())
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        writer.write_batch(pa.RecordBatch.from_arrays([keys, values], schema=schema))
-    return sink.getvalue().to_pybytes()
+    return ipc_bytes(pa.RecordBatch.from_arrays([keys, values], schema=schema))
 
 
 def iter_snapshot_chunks(
@@ -83,8 +81,8 @@ def iter_snapshot_chunks(
 
 def _decode_chunk(data: bytes, expected_index: int) -> tuple[list[Item], dict[bytes, bytes]]:
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except pa.ArrowInvalid as e:
+        table = read_ipc(data)
+    except NotIpcStream as e:
         raise ValueError(f"snapshot chunk {expected_index} is not an Arrow IPC stream: {e}") from e
     metadata = table.schema.metadata or {}
     if not table.schema.equals(CHUNK_SCHEMA) or _INDEX not in metadata or _LAST not in metadata:

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
+from quorumstore.arrow_ipc import NotIpcStream, ipc_batches, ipc_bytes
+
 #: Schema metadata key holding the leader's wall clock, in ms, as a decimal string.
 TIMESTAMP_KEY = b"timestamp_ms"
 #: Schema metadata keys of an exactly-once write: the client's id and its serial (seed 003).
@@ -73,11 +75,6 @@ SCHEMA = pa.schema(
         pa.field("session_timeout_ms", pa.int64()),
     ]
 )
-
-
-#: Written explicitly: left unset, pyarrow reads two environment variables per writer,
-#: and the WAL's format must not depend on the environment anyway.
-_IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 
 
 #: Batches up to this many rows share their all-null columns (at most ~3 MB cached).
@@ -176,18 +173,14 @@ def _check(batch: pa.RecordBatch) -> None:
 def encode_batch(batch: pa.RecordBatch) -> bytes:
     """IPC-stream bytes of `batch`, which must have SCHEMA and a timestamp."""
     _check(batch)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=_IPC_OPTIONS) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return ipc_bytes(batch)
 
 
 def decode_batch(data: bytes) -> pa.RecordBatch:
     """The record batch of a WAL entry payload; raises ValueError if it is not one."""
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(data))
-        batches = list(reader)
-    except pa.ArrowInvalid as e:
+        batches = ipc_batches(data)
+    except NotIpcStream as e:
         raise ValueError(f"write batch is not an Arrow IPC stream: {e}") from e
     if len(batches) != 1:
         raise ValueError(f"write batch holds {len(batches)} record batches, expected 1")
