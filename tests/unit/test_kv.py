@@ -60,8 +60,26 @@ def test_scan_runs_are_the_scan_in_columns(kv: KvStore, view: str) -> None:
     ]
     assert list(reader.scan_runs(b"\x03", None, 10)) == []
     assert list(reader.scan_runs(b"\x02", b"\x01", 10)) == []
-    with pytest.raises(ValueError, match="run_items must be positive"):
-        next(reader.scan_runs(b"", None, 0))
+    for bad in ((0, 1), (1, 0)):
+        with pytest.raises(ValueError, match="run_items and run_bytes must be positive"):
+            next(reader.scan_runs(b"", None, *bad))
+
+
+@pytest.mark.parametrize("view", ["store", "snapshot"])
+def test_scan_runs_end_with_the_item_that_reaches_run_bytes(kv: KvStore, view: str) -> None:
+    # Items of 10-byte keys and 100-2,000-byte values: a run never holds more than
+    # run_bytes plus its last item, however many items run_items allows.
+    sizes = [100 + (i * 37) % 1900 for i in range(300)]
+    kv.write([(b"k%09d" % i, b"v" * n) for i, n in enumerate(sizes)], [], [])
+    reader = kv.snapshot() if view == "snapshot" else kv
+    runs = list(reader.scan_runs(b"", None, 10_000, 5_000))
+    assert [item for k, v in runs for item in zip(k, v)] == list(reader.scan(b"", None))
+    for i, (keys, values) in enumerate(runs):
+        held = [len(k) + len(v) for k, v in zip(keys, values)]
+        assert sum(held[:-1]) < 5_000
+        assert sum(held) >= 5_000 or i == len(runs) - 1
+    # run_items still bounds a run of small items first.
+    assert max(len(k) for k, _ in reader.scan_runs(b"", None, 3, 1 << 30)) == 3
 
 
 def test_seeks(kv: KvStore) -> None:

@@ -16,7 +16,7 @@ import pytest
 from quorumstore.arrow_ipc import ipc_bytes
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
 from quorumstore.storage import state_machine
-from quorumstore.storage.keys import compare_keys, encode_key, key_range
+from quorumstore.storage.keys import compare_keys, key_range
 from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
 from quorumstore.storage.snapshot import install_snapshot, iter_snapshot_chunks
 from quorumstore.storage.state_machine import (
@@ -607,48 +607,43 @@ def test_scan_arrow_of_plain_records(shard: Shard, monkeypatch: pytest.MonkeyPat
         list(zip(*(table.column(c).to_pylist() for c in ("key", "value", "version_id"))))
         == expected
     )
-    # A byte cap cuts batches between items, never inside one.
+    # A byte bound ends a batch with the record that reaches it, never inside one.
     sizes = [len(k) + len(v) for k, v in shard.kv.scan(*key_range("", ""))]
-    cap = 60 * max(sizes)
-    monkeypatch.setattr(state_machine, "_MAX_BATCH_BYTES", cap)
-    capped = list(shard.sm.scan_arrow("", "", batch_rows=150))
+    bound = 30 * max(sizes)
+    capped = list(shard.sm.scan_arrow("", "", batch_rows=150, batch_bytes=bound))
     assert len(capped) >= 4
-    start = 0
-    for batch in capped:
-        assert sum(sizes[start : start + batch.num_rows]) <= cap
-        start += batch.num_rows
+    _assert_cut_by_bytes([b.num_rows for b in capped], sizes, bound)
     assert pa.Table.from_batches(capped).equals(table)
 
 
-def test_a_short_scan_run_is_cut_to_the_byte_cap_too(
-    shard: Shard, monkeypatch: pytest.MonkeyPatch
+def _assert_cut_by_bytes(rows: list[int], sizes: list[int], bound: int) -> None:
+    """Every batch but the last reaches `bound` bytes with its last record, not before."""
+    start = 0
+    for i, n in enumerate(rows):
+        held = sizes[start : start + n]
+        assert sum(held[:-1]) < bound
+        if i < len(rows) - 1:
+            assert sum(held) >= bound
+        start += n
+    assert start == len(sizes)
+
+
+@pytest.mark.parametrize("value_bytes", [1000, 300_000])
+def test_a_scan_of_large_values_holds_a_bounded_run_at_a_time(
+    shard: Shard, value_bytes: int
 ) -> None:
-    # Runs below the row-by-row threshold (64 items) obey the cap as long ones do.
-    shard.apply(puts(*((f"s/{i:02d}", bytes([i]) * 1000) for i in range(10))))
+    # 10 short runs (row by row) or 200 long ones (Arrow kernels): either way a batch
+    # holds about batch_bytes, whatever batch_rows allows.
+    n = 10 if value_bytes > 1000 else 200
+    shard.apply(puts(*((f"s/{i:03d}", bytes([i % 256]) * value_bytes) for i in range(n))))
     whole = pa.Table.from_batches(list(shard.sm.scan_arrow("", "")))
-    monkeypatch.setattr(state_machine, "_MAX_BATCH_BYTES", 3000)
-    capped = list(shard.sm.scan_arrow("", ""))
-    assert len(capped) >= 4
-    assert all(b.column("value").nbytes <= 3000 for b in capped)
+    assert whole.num_rows == n
+    sizes = [len(k) + len(v) for k, v in shard.kv.scan(*key_range("", ""))]
+    bound = 3 * value_bytes
+    capped = list(shard.sm.scan_arrow("", "", batch_rows=10_000, batch_bytes=bound))
+    assert len(capped) >= n // 3
+    _assert_cut_by_bytes([b.num_rows for b in capped], sizes, bound)
     assert pa.Table.from_batches(capped).equals(whole)
-
-
-def test_scan_batches_of_more_bytes_than_one_arrow_array_holds() -> None:
-    # A run whose records overflow a BinaryArray's 32-bit offsets (2 GiB) becomes a
-    # chunked array; every record still comes out, each big one alone in its batch.
-    big = 1_100_000_000
-    records = [
-        encode_record(Record(b"v" * (big if i in (30, 40) else i), i, 0, 1, 1)) for i in range(64)
-    ]
-    keys = [encode_key(f"k/{i:02d}") for i in range(64)]
-    batches = list(state_machine._bounded_batches(keys, records))
-    del records
-    assert [b.num_rows for b in batches] == [30, 1, 9, 1, 23]
-    table = pa.Table.from_batches(batches)
-    assert table.column("key").to_pylist() == [f"k/{i:02d}" for i in range(64)]
-    assert table.column("version_id").to_pylist() == list(range(64))
-    sizes = pc.binary_length(table.column("value")).to_pylist()
-    assert sizes == [big if i in (30, 40) else i for i in range(64)]
 
 
 @pytest.mark.parametrize(

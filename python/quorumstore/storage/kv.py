@@ -37,6 +37,11 @@ Run = tuple[list[bytes], list[bytes]]
 # Scans read runs of growing size: short scans stay cheap, long ones amortise re-seeks.
 _FIRST_RUN = 16
 _MAX_RUN = 1024
+#: `scan_runs`' default bound on a run's bytes: a bulk read of large values (up to 16 MiB
+#: each) holds about this much at a time, not `run_items` of them.
+DEFAULT_RUN_BYTES = 32 << 20
+#: The byte bound of a scan's runs, whose item counts stay small anyway.
+_NO_BYTE_BOUND = 1 << 62
 
 
 class _AboveEveryKey:
@@ -64,9 +69,12 @@ class KvReader(Protocol):
         """Items with start <= key < end (end None: unbounded), ascending or descending."""
         ...
 
-    def scan_runs(self, start: bytes, end: bytes | None, run_items: int) -> Iterator[Run]:
-        """`scan`'s ascending items as runs of at most `run_items`, keys and values apart:
-        bulk readers (Arrow batches) then never touch single items in Python."""
+    def scan_runs(
+        self, start: bytes, end: bytes | None, run_items: int, run_bytes: int = DEFAULT_RUN_BYTES
+    ) -> Iterator[Run]:
+        """`scan`'s ascending items as runs, keys and values apart: bulk readers (Arrow
+        batches) then never touch single items in Python. A run holds at most `run_items`
+        items, and ends with the item that brings its keys and values to `run_bytes`."""
         ...
 
     def seek_le(self, key: bytes) -> Item | None: ...
@@ -110,32 +118,42 @@ class _ChunkedReader:
     """`scan` on top of `_run`, which each engine implements."""
 
     def _run(
-        self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
+        self,
+        after: bytes | None,
+        start: bytes,
+        end: bytes | None,
+        reverse: bool,
+        limit: int,
+        max_bytes: int,
     ) -> Run:
-        """Up to `limit` items of [start, end) in scan order, strictly past `after` if given."""
+        """Up to `limit` items of [start, end) in scan order, strictly past `after` if given,
+        ending early with the item that brings the run's keys and values to `max_bytes`."""
         raise NotImplementedError
 
     def scan(self, start: bytes, end: bytes | None, reverse: bool = False) -> Iterator[Item]:
         after: bytes | None = None
         limit = _FIRST_RUN
         while True:
-            keys, values = self._run(after, start, end, reverse, limit)
+            keys, values = self._run(after, start, end, reverse, limit, _NO_BYTE_BOUND)
             yield from zip(keys, values)
             if len(keys) < limit:
                 return
             after = keys[-1]
             limit = min(2 * limit, _MAX_RUN)
 
-    def scan_runs(self, start: bytes, end: bytes | None, run_items: int) -> Iterator[Run]:
-        if run_items < 1:
-            raise ValueError(f"run_items must be positive, got {run_items}")
+    def scan_runs(
+        self, start: bytes, end: bytes | None, run_items: int, run_bytes: int = DEFAULT_RUN_BYTES
+    ) -> Iterator[Run]:
+        if run_items < 1 or run_bytes < 1:
+            raise ValueError(
+                f"run_items and run_bytes must be positive, got {run_items} and {run_bytes}"
+            )
         after: bytes | None = None
         while True:
-            keys, values = self._run(after, start, end, False, run_items)
-            if keys:
-                yield keys, values
-            if len(keys) < run_items:
-                return
+            keys, values = self._run(after, start, end, False, run_items, run_bytes)
+            if not keys:
+                return  # a short run may have been cut by bytes: only an empty one ends
+            yield keys, values
             after = keys[-1]
 
 
@@ -155,11 +173,18 @@ class _RocksReader(_ChunkedReader):
         raise NotImplementedError
 
     def _run(
-        self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
+        self,
+        after: bytes | None,
+        start: bytes,
+        end: bytes | None,
+        reverse: bool,
+        limit: int,
+        max_bytes: int,
     ) -> Run:
         it = self._iterator(None if reverse else end)
         keys: list[bytes] = []
         values: list[bytes] = []
+        size = 0
         if not reverse:
             it.seek(start if after is None else after)
             if after is not None and it.valid() and it.key() == after:
@@ -173,8 +198,12 @@ class _RocksReader(_ChunkedReader):
                 key = key_of()
                 if key is None or key >= beyond:
                     break
+                value = value_of()
                 add_key(key)
-                add_value(value_of())
+                add_value(value)
+                size += len(key) + len(value)
+                if size >= max_bytes:
+                    break
                 step()
         else:
             bound = end if after is None else after
@@ -184,12 +213,14 @@ class _RocksReader(_ChunkedReader):
                 it.seek_for_prev(bound)
                 if it.valid() and it.key() == bound:
                     it.prev()
-            while it.valid() and len(keys) < limit:
+            while it.valid() and len(keys) < limit and size < max_bytes:
                 key = it.key()
                 if key < start:
                     break
+                value = it.value()
                 keys.append(key)
-                values.append(it.value())
+                values.append(value)
+                size += len(key) + len(value)
                 it.prev()
         it.status()
         return keys, values
@@ -383,7 +414,13 @@ class _SortedReader(_ChunkedReader):
         return [data.get(key) for key in keys]
 
     def _run(
-        self, after: bytes | None, start: bytes, end: bytes | None, reverse: bool, limit: int
+        self,
+        after: bytes | None,
+        start: bytes,
+        end: bytes | None,
+        reverse: bool,
+        limit: int,
+        max_bytes: int,
     ) -> Run:
         data = self._sorted()
         if not reverse:
@@ -392,8 +429,17 @@ class _SortedReader(_ChunkedReader):
         else:
             high = end if after is None else after
             keys = data.irange(start, high, inclusive=(True, False), reverse=True)
-        found = list(islice(keys, limit))
-        return found, [data[key] for key in found]
+        found: list[bytes] = []
+        values: list[bytes] = []
+        size = 0
+        for key in islice(keys, limit):
+            value = data[key]
+            found.append(key)
+            values.append(value)
+            size += len(key) + len(value)
+            if size >= max_bytes:
+                break
+        return found, values
 
     def _at(self, index: int) -> Item | None:
         data = self._sorted()

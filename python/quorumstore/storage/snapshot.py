@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from quorumstore.arrow_ipc import NotIpcStream, ipc_bytes, read_ipc
 from quorumstore.protocol.types import LogPosition
 from quorumstore.storage.keys import USER_KEYS_START
-from quorumstore.storage.kv import Item, KvReader, KvStore
+from quorumstore.storage.kv import Item, KvReader, KvStore, Run
 
 CHUNK_SCHEMA = pa.schema(
     [
@@ -29,6 +30,9 @@ CHUNK_SCHEMA = pa.schema(
     ]
 )
 DEFAULT_CHUNK_BYTES = 4 << 20
+#: Items per chunk at most: chunks are cut by bytes long before this many.
+_CHUNK_ITEMS = 1 << 20
+_USER_KEYS_START = pa.scalar(USER_KEYS_START, pa.binary())
 
 _INDEX = b"chunk_index"
 _LAST = b"last"
@@ -37,40 +41,27 @@ _OFFSET = b"offset"
 _CHECKSUM = b"checksum"
 
 
-def _runs(view: KvReader, chunk_bytes: int) -> Iterator[list[Item]]:
-    """The view's items in runs of about `chunk_bytes`; the last run may be empty."""
-    run: list[Item] = []
-    size = 0
-    for key, value in view.scan(b"", None):
-        run.append((key, value))
-        size += len(key) + len(value)
-        if size >= chunk_bytes:
-            yield run
-            run, size = [], 0
-    yield run
-
-
-def _encode_chunk(index: int, last: bool, items: list[Item], position: LogPosition | None) -> bytes:
+def _encode_chunk(index: int, last: bool, run: Run, position: LogPosition | None) -> bytes:
     metadata = {_INDEX: str(index).encode(), _LAST: b"1" if last else b"0"}
     if position is not None:
         metadata[_TERM] = str(position.term).encode()
         metadata[_OFFSET] = str(position.offset).encode()
         metadata[_CHECKSUM] = str(position.checksum).encode()
     schema = CHUNK_SCHEMA.with_metadata(metadata)
-    keys = pa.array([key for key, _ in items], pa.binary())
-    values = pa.array([value for _, value in items], pa.binary())
+    keys, values = (pa.array(column, pa.binary()) for column in run)
     return ipc_bytes(pa.RecordBatch.from_arrays([keys, values], schema=schema))
 
 
 def iter_snapshot_chunks(
     view: KvReader, position: LogPosition, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[bytes]:
-    """Chunks of everything in `view` (a consistent snapshot), which holds `position`."""
+    """Chunks of everything in `view` (a consistent snapshot), which holds `position`;
+    each ends with the item that brings it to `chunk_bytes`."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    runs = _runs(view, chunk_bytes)
+    runs = view.scan_runs(b"", None, _CHUNK_ITEMS, chunk_bytes)
     # One run is held back so that the last chunk can say it is the last.
-    pending = next(runs)
+    pending: Run = next(runs, ([], []))
     index = 0
     for run in runs:
         yield _encode_chunk(index, False, pending, position if index == 0 else None)
@@ -79,7 +70,7 @@ def iter_snapshot_chunks(
     yield _encode_chunk(index, True, pending, position if index == 0 else None)
 
 
-def _decode_chunk(data: bytes, expected_index: int) -> tuple[list[Item], dict[bytes, bytes]]:
+def _decode_chunk(data: bytes, expected_index: int) -> tuple[pa.Table, dict[bytes, bytes]]:
     try:
         table = read_ipc(data)
     except NotIpcStream as e:
@@ -94,8 +85,11 @@ def _decode_chunk(data: bytes, expected_index: int) -> tuple[list[Item], dict[by
         raise ValueError(
             f"snapshot chunk {index} arrived where chunk {expected_index} was expected"
         )
-    items = list(zip(table.column("key").to_pylist(), table.column("value").to_pylist()))
-    return items, metadata
+    return table, metadata
+
+
+def _items(table: pa.Table) -> Iterator[Item]:
+    return zip(table.column("key").to_pylist(), table.column("value").to_pylist())
 
 
 def _clear(kv: KvStore) -> None:
@@ -114,7 +108,7 @@ def install_snapshot(kv: KvStore, chunks: Iterable[bytes]) -> LogPosition:
     first = next(stream, None)
     if first is None:
         raise ValueError("snapshot stream holds no chunks")
-    items, metadata = _decode_chunk(first, 0)
+    table, metadata = _decode_chunk(first, 0)
     try:
         position = LogPosition(
             int(metadata[_TERM]), int(metadata[_OFFSET]), int(metadata[_CHECKSUM])
@@ -126,9 +120,9 @@ def install_snapshot(kv: KvStore, chunks: Iterable[bytes]) -> LogPosition:
     internal: list[Item] = []
     index = 0
     while True:
-        user = [item for item in items if item[0] >= USER_KEYS_START]
-        internal.extend(item for item in items if item[0] < USER_KEYS_START)
-        kv.write(user, [], [])
+        is_internal = pc.less(table.column("key"), _USER_KEYS_START)
+        internal.extend(_items(table.filter(is_internal)))
+        kv.write(_items(table.filter(pc.invert(is_internal))), [], [])
         if metadata[_LAST] == b"1":
             break
         index += 1
@@ -137,7 +131,7 @@ def install_snapshot(kv: KvStore, chunks: Iterable[bytes]) -> LogPosition:
             raise ValueError(
                 f"snapshot stream ended after chunk {index - 1}, before its last chunk"
             )
-        items, metadata = _decode_chunk(data, index)
+        table, metadata = _decode_chunk(data, index)
     if next(stream, None) is not None:
         raise ValueError(f"snapshot stream continues after its last chunk {index}")
     kv.write(internal, [], [])

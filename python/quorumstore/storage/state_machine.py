@@ -38,7 +38,7 @@ from quorumstore.storage.keys import (
     encode_key_list,
     key_range,
 )
-from quorumstore.storage.kv import KvReader, KvStore
+from quorumstore.storage.kv import DEFAULT_RUN_BYTES, KvReader, KvStore
 from quorumstore.storage.overlay import InternalOverlay
 from quorumstore.storage.serials import decode_serial_record, serial_changes, serial_key
 from quorumstore.storage.write_batch import (
@@ -77,8 +77,6 @@ _PUT, _DELETE_RANGE = Op.PUT.value, Op.DELETE_RANGE.value
 _CREATE_SESSION, _CLOSE_SESSION = Op.CREATE_SESSION.value, Op.CLOSE_SESSION.value
 _KNOWN_OPS = {op.value for op in Op}
 
-# Arrow binary arrays hold at most 2 GiB; cap scan_arrow batches well below that.
-_MAX_BATCH_BYTES = 256 << 20
 #: A slice stop past the end of any Arrow binary value.
 _BINARY_END = 2**31 - 1
 
@@ -384,26 +382,12 @@ def byte_bounded_runs(keys: pa.Array, values: pa.Array, limit: int) -> Iterator[
         start = stop
 
 
-def _bounded_batches(keys: list[bytes], values: list[bytes]) -> Iterator[pa.RecordBatch]:
-    """SCAN_SCHEMA batches of the items, cut so that no batch holds more than
-    _MAX_BATCH_BYTES (unless one item alone does). The items become Arrow arrays first
-    (chunked when their bytes overflow one array), and the cuts come from the arrays'
-    offsets, so a long run's items are not looked at one by one. A short run that fits
-    the limit is decoded row by row (`_small_records_batch`)."""
+def _run_batch(keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
+    """SCAN_SCHEMA batch of one scan run's raw items: decoded with Arrow kernels, or row
+    by row for a short run (`_small_records_batch`)."""
     if len(keys) < _SMALL_BATCH:
-        small_bytes = sum(map(len, keys)) + sum(map(len, values))
-        if small_bytes <= _MAX_BATCH_BYTES:
-            if keys:
-                yield _small_records_batch(keys, values)
-            return
-    # pa.array returns a ChunkedArray when the bytes overflow one array's offsets.
-    items = pa.Table.from_arrays(
-        [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], names=["key", "record"]
-    )
-    for piece in items.to_batches():
-        key_array, records = piece.column(0), piece.column(1)
-        for start, stop in byte_bounded_runs(key_array, records, _MAX_BATCH_BYTES):
-            yield _records_batch(key_array[start:stop], records[start:stop])
+        return _small_records_batch(keys, values)
+    return _records_batch(pa.array(keys, pa.binary()), pa.array(values, pa.binary()))
 
 
 class _PutResults(Sequence[OpResult]):
@@ -669,15 +653,21 @@ class ShardReader:
         return sequences.dimensions(self._kv, prefix)
 
     def scan_arrow(
-        self, min_inclusive: str, max_exclusive: str, batch_rows: int = 65536
+        self,
+        min_inclusive: str,
+        max_exclusive: str,
+        batch_rows: int = 65536,
+        batch_bytes: int = DEFAULT_RUN_BYTES,
     ) -> Iterator[pa.RecordBatch]:
-        """`range_scan` as SCAN_SCHEMA record batches of at most `batch_rows` rows."""
+        """`range_scan` as SCAN_SCHEMA record batches of at most `batch_rows` rows, each
+        ending with the record that brings its stored bytes to `batch_bytes`: a scan of
+        large values holds about `batch_bytes` of them at a time."""
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be positive, got {batch_rows}")
         for keys, values in self._kv.scan_runs(
-            *key_range(min_inclusive, max_exclusive), batch_rows
+            *key_range(min_inclusive, max_exclusive), batch_rows, batch_bytes
         ):
-            yield from _bounded_batches(keys, values)
+            yield _run_batch(keys, values)
 
     def state_digest(self) -> int:
         """Order-independent hash of every user record and the version counter.
