@@ -104,6 +104,23 @@ def test_vectorised_encoding_matches_scalar(keys: list[str], kernels: bool) -> N
     assert decode_keys(encoded).to_pylist() == keys
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ["a", "bc", ""],  # no pattern: no replacement at all
+        ["a/b", "/c", "d/"],  # the last level only
+        ["a\x00", "\x00\x00b"],  # escaped NULs only
+        ["a/b/c", "x/\x00/y\x02/\x01"],  # every pattern, and the bytes they end with
+        ["\x02\x01", "a\x02/b"],  # a pattern's last byte without the pattern
+    ],
+)
+def test_decoding_makes_only_the_replacements_the_keys_need(keys: list[str]) -> None:
+    many = keys * KERNEL_MIN_KEYS
+    encoded = encode_keys(pa.array(many, pa.string()))
+    assert decode_keys(encoded).to_pylist() == many
+    assert decode_keys(encoded.slice(1, len(keys))).to_pylist() == many[1 : len(keys) + 1]
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.lists(keys_st, min_size=600, max_size=700) | st.lists(keys_st, max_size=20))
 def test_key_list_encoding_matches_scalar_on_both_paths(keys: list[str]) -> None:

@@ -38,6 +38,8 @@ _TERMINATOR = b"\x00\x01"
 _NEXT_LEVEL = _TERMINATOR + _MORE  # replaces a '/' that is not the last one
 _LAST_LEVEL = _TERMINATOR + _LAST  # replaces the last '/'
 _ESCAPED_ZERO = b"\x00\xff"
+#: decode_keys' replacements, in the order they must be made.
+_DECODINGS = ((_NEXT_LEVEL, b"/"), (_LAST_LEVEL, b"/"), (_ESCAPED_ZERO, b"\x00"))
 # Binary arrays longer than this cannot exist (int32 offsets); used as "to the end".
 _MAX_LEN = 2**31 - 1
 
@@ -140,9 +142,15 @@ def decode_keys(data: pa.Array) -> pa.StringArray:
     keys read back from the store, which `encode_key` wrote.
     """
     body = pc.binary_slice(data, 1, _MAX_LEN)
-    body = pc.replace_substring(body, _NEXT_LEVEL, b"/")
-    body = pc.replace_substring(body, _LAST_LEVEL, b"/")
-    body = pc.replace_substring(body, _ESCAPED_ZERO, b"\x00")
+    # Each replacement is a pass over every key (~40 ms per 10^6 keys); one whose
+    # pattern cannot occur is skipped. Every pattern starts with 0x00 and ends with a
+    # byte (0x02, 0x01, 0xFF) that must occur too: keys without '/' or NUL need no pass,
+    # keys of one level without NUL one.
+    raw = np.frombuffer(arrow_binary.data(body), np.uint8)
+    if (raw == 0).any():
+        for pattern, replacement in _DECODINGS:
+            if (raw == pattern[-1]).any():
+                body = pc.replace_substring(body, pattern, replacement)
     return body.cast(pa.string())
 
 
