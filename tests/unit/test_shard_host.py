@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -338,3 +340,47 @@ def test_closing_a_host_waits_for_an_apply_on_the_worker_thread(tmp_path: Path) 
                 reopened.close()
 
     asyncio.run(scenario())
+
+
+def test_an_apply_that_fails_after_its_host_closed_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nobody waits for an apply's results once its host closed (or a snapshot replaced
+    its KV); an error it raised is logged, not left to asyncio's "exception was never
+    retrieved" when the future is collected."""
+    started, release = threading.Event(), threading.Event()
+    loop_errors: list[dict[str, object]] = []
+
+    def fail() -> None:
+        started.set()
+        release.wait(5)
+        raise OSError("the disk went away")
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: loop_errors.append(context)
+        )
+        with ThreadPoolExecutor(2) as io:
+            host = ShardHost(
+                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
+            )
+            host.step(NewTerm(SHARD, 1))
+            host.step(BecomeLeader(SHARD, 1, 1, {}))
+            ApplySpy(host, fail)
+            write = asyncio.ensure_future(host.write(_bulk_put(10_000)))
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            threading.Timer(0.2, release.set).start()
+            host.close()
+            with pytest.raises(NotLeaderError):
+                await write
+            await _settle(host)
+        gc.collect()  # a future whose error nobody read reports it when collected
+
+    with caplog.at_level(logging.WARNING, logger="quorumstore.node.shard_host"):
+        asyncio.run(scenario())
+    assert not loop_errors, loop_errors
+    [record] = [r for r in caplog.records if "failed after the shard was closed" in r.message]
+    assert "shard default/0 on node a: applying entries 0-1" in record.message
+    assert "the disk went away" in record.message
+
