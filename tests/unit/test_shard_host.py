@@ -383,4 +383,3 @@ def test_an_apply_that_fails_after_its_host_closed_is_logged(
     [record] = [r for r in caplog.records if "failed after the shard was closed" in r.message]
     assert "shard default/0 on node a: applying entries 0-1" in record.message
     assert "the disk went away" in record.message
-
