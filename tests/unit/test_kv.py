@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from quorumstore.storage import kv as kv_module
 from quorumstore.storage.kv import KvClosedError, KvMemory, KvStore, MemoryKv, RocksKv
 
 
@@ -80,6 +81,29 @@ def test_scan_runs_end_with_the_item_that_reaches_run_bytes(kv: KvStore, view: s
         assert sum(held) >= 5_000 or i == len(runs) - 1
     # run_items still bounds a run of small items first.
     assert max(len(k) for k, _ in reader.scan_runs(b"", None, 3, 1 << 30)) == 3
+
+
+@pytest.mark.parametrize("view", ["store", "snapshot"])
+def test_a_scan_cut_by_bytes_reads_every_item_both_ways(
+    kv: KvStore, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run cut by bytes is short of its item count without being the last one.
+    monkeypatch.setattr(kv_module, "DEFAULT_RUN_BYTES", 5_000)
+    items = [(b"k%09d" % i, b"v" * (100 + (i * 37) % 1900)) for i in range(300)]
+    kv.write(items, [], [])
+    reader = kv.snapshot() if view == "snapshot" else kv
+    runs: list[int] = []
+    real = reader._run  # type: ignore[attr-defined]
+
+    def run(*args: object) -> tuple[list[bytes], list[bytes]]:
+        keys, values = real(*args)
+        runs.append(sum(map(len, keys[:-1])) + sum(map(len, values[:-1])))
+        return keys, values
+
+    monkeypatch.setattr(reader, "_run", run)
+    assert list(reader.scan(b"", None)) == items
+    assert list(reader.scan(b"", None, reverse=True)) == items[::-1]
+    assert len(runs) > 40 and max(runs) < 5_000
 
 
 def test_seeks(kv: KvStore) -> None:

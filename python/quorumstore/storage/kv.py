@@ -37,11 +37,9 @@ Run = tuple[list[bytes], list[bytes]]
 # Scans read runs of growing size: short scans stay cheap, long ones amortise re-seeks.
 _FIRST_RUN = 16
 _MAX_RUN = 1024
-#: `scan_runs`' default bound on a run's bytes: a bulk read of large values (up to 16 MiB
-#: each) holds about this much at a time, not `run_items` of them.
+#: Bound on the bytes of a run (`scan`'s, and `scan_runs`' by default): a read of large
+#: values (up to 16 MiB each) holds about this much at a time, not a run's count of them.
 DEFAULT_RUN_BYTES = 32 << 20
-#: The byte bound of a scan's runs, whose item counts stay small anyway.
-_NO_BYTE_BOUND = 1 << 62
 
 
 class _AboveEveryKey:
@@ -134,9 +132,9 @@ class _ChunkedReader:
         after: bytes | None = None
         limit = _FIRST_RUN
         while True:
-            keys, values = self._run(after, start, end, reverse, limit, _NO_BYTE_BOUND)
+            keys, values = self._run(after, start, end, reverse, limit, DEFAULT_RUN_BYTES)
             yield from zip(keys, values)
-            if len(keys) < limit:
+            if _last_run(keys, values, limit, DEFAULT_RUN_BYTES):
                 return
             after = keys[-1]
             limit = min(2 * limit, _MAX_RUN)
@@ -151,10 +149,17 @@ class _ChunkedReader:
         after: bytes | None = None
         while True:
             keys, values = self._run(after, start, end, False, run_items, run_bytes)
-            if not keys:
-                return  # a short run may have been cut by bytes: only an empty one ends
-            yield keys, values
+            if keys:
+                yield keys, values
+            if _last_run(keys, values, run_items, run_bytes):
+                return
             after = keys[-1]
+
+
+def _last_run(keys: list[bytes], values: list[bytes], limit: int, max_bytes: int) -> bool:
+    """Whether `_run` stopped at the end of the range: short of `limit` items, and not
+    cut by `max_bytes` (summed only for a short run, mostly a scan's last)."""
+    return len(keys) < limit and sum(map(len, keys)) + sum(map(len, values)) < max_bytes
 
 
 def _valid_ranges(delete_ranges: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
