@@ -27,6 +27,7 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or not
 
+from quorumstore.arrow_ipc import ipc_bytes
 from quorumstore.protocol.types import LogEntry, LogPosition, make_entry
 from quorumstore.storage.wal import RECORD_HEADER, Wal
 
@@ -49,10 +50,7 @@ def arrow_payload(rows: int, rng: random.Random) -> bytes:
     """One record batch of `rows` (key, 100-byte value) rows as Arrow IPC stream bytes."""
     keys = pa.array([f"key-{i:010d}" for i in range(rows)], pa.string())
     values = pa.array([rng.randbytes(VALUE_BYTES) for _ in range(rows)], pa.binary())
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, SCHEMA) as writer:
-        writer.write_batch(pa.record_batch([keys, values], schema=SCHEMA))
-    return sink.getvalue().to_pybytes()
+    return ipc_bytes(pa.record_batch([keys, values], schema=SCHEMA))
 
 
 def run_wal(wal: Wal, payload: bytes, group: int, tally: Tally) -> None:

@@ -1,7 +1,7 @@
 """Arrow IPC streams as quorumstore carries them: one schema, then record batches.
 
-WAL entries, snapshot chunks, the data service and `quorumstore.Client`'s bulk paths
-all read and write these, so they share the one encoding here.
+WAL entries, snapshot chunks, the data service, `quorumstore.Client`'s bulk paths and
+Arrow-encoded values all read and write these, so they share the one encoding here.
 """
 
 from __future__ import annotations
@@ -22,12 +22,21 @@ class NotIpcStream(ValueError):
     bad input into a clear error catch this one instead."""
 
 
-def ipc_bytes(data: pa.Table | pa.RecordBatch) -> bytes:
-    """An IPC stream holding `data`, schema included."""
+def ipc_buffer(data: pa.Table | pa.RecordBatch, max_chunksize: int | None = None) -> pa.Buffer:
+    """An IPC stream holding `data`, schema included, in batches of at most
+    `max_chunksize` rows if given (a table's own batches otherwise)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema, options=_WRITE_OPTIONS) as writer:
-        writer.write(data)
-    return sink.getvalue().to_pybytes()
+        if isinstance(data, pa.Table):
+            writer.write_table(data, max_chunksize=max_chunksize)
+        else:
+            writer.write_batch(data)
+    return sink.getvalue()
+
+
+def ipc_bytes(data: pa.Table | pa.RecordBatch) -> bytes:
+    """`ipc_buffer` as bytes, what protobuf messages and the WAL carry."""
+    return ipc_buffer(data).to_pybytes()
 
 
 def read_ipc(data: bytes) -> pa.Table:

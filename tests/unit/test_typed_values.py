@@ -229,9 +229,9 @@ def test_a_batch_is_written_as_one_stream_whatever_its_lists_hold(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     streams = []
-    write_stream = arrow_values._stream
+    write_stream = arrow_values.ipc_buffer
     monkeypatch.setattr(
-        arrow_values, "_stream", lambda *a, **k: streams.append(1) or write_stream(*a, **k)
+        arrow_values, "ipc_buffer", lambda *a, **k: streams.append(1) or write_stream(*a, **k)
     )
     c = codec(NESTED, fmt="arrow")
     full = {"tags": ["a"], "m": [("k", [1])], "s": {"x": [("x", 1)], "y": 1}, "grid": [["g"]]}

@@ -445,23 +445,20 @@ class ShardHost:
         self._apply_in_flight = False
         if not self._closed and machine is self.machine:
             self._resolve_writes(entries, done.result())  # an apply error stops the replica
-        else:  # closed or replaced by a snapshot meanwhile: nobody waits for the results
-            error = None if done.cancelled() else done.exception()
-            if error is not None:
-                log.warning(
-                    "shard %s/%s on node %s: applying entries %d-%d failed after the shard was "
-                    "%s: %r",
-                    self.namespace,
-                    self.shard_id,
-                    self.node,
-                    entries[0].offset,
-                    entries[-1].offset,
-                    "closed" if self._closed else "replaced by a snapshot",
-                    error,
-                )
-            if self._closed:
-                return
-        self._apply_committed(self.replica.commit_offset)
+        elif not done.cancelled() and done.exception() is not None:
+            # Closed or replaced by a snapshot meanwhile: nobody waits for the results.
+            log.warning(
+                "shard %s/%s on node %s: applying entries %d-%d failed after the shard was %s: %r",
+                self.namespace,
+                self.shard_id,
+                self.node,
+                entries[0].offset,
+                entries[-1].offset,
+                "closed" if self._closed else "replaced by a snapshot",
+                done.exception(),
+            )
+        if not self._closed:
+            self._apply_committed(self.replica.commit_offset)
 
     def _resolve_writes(
         self, entries: Sequence[LogEntry], results: list[EntryResult | None]

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quorumstore import arrow_binary
-from quorumstore.arrow_ipc import NotIpcStream, read_ipc
+from quorumstore.arrow_ipc import NotIpcStream, ipc_buffer, read_ipc
 from quorumstore.spark.arrow_types import holds
 
 #: The IPC stream's end marker: a continuation token and a zero metadata length.
@@ -31,13 +31,6 @@ class NotArrowValue(ValueError):
 
 def _is_list_or_map(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_map(t)
-
-
-def _stream(table: pa.Table, max_chunksize: int | None = None) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=max_chunksize)
-    return sink.getvalue()
 
 
 def _holds_an_empty_list(array: pa.Array) -> np.ndarray:
@@ -81,7 +74,7 @@ def encode(columns: pa.RecordBatch) -> pa.Array:
 def _one_stream_cut(rows: pa.Table) -> pa.Array:
     """Each row as one stream, cut out of one stream of one-row batches."""
     n = rows.num_rows
-    stream = _stream(rows, max_chunksize=1)
+    stream = ipc_buffer(rows, max_chunksize=1)
     reader = pa.BufferReader(stream)
     pa.ipc.read_message(reader)
     bounds = np.empty(n + 1, np.int64)
