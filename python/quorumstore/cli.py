@@ -231,6 +231,30 @@ def _add_storage_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _failure_timeout(value: str) -> int:
+    from quorumstore.coordinator.server import check_failure_timeout
+
+    milliseconds = _positive(value)
+    try:
+        check_failure_timeout(milliseconds)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return milliseconds
+
+
+def _add_failure_timeout_flag(p: argparse.ArgumentParser) -> None:
+    from quorumstore.coordinator.server import DEFAULT_FAILURE_TIMEOUT_MS
+
+    p.add_argument(
+        "--failure-timeout-ms",
+        type=_failure_timeout,
+        default=DEFAULT_FAILURE_TIMEOUT_MS,
+        help="a node silent this long is taken for failed and its shards get new leaders: "
+        "raise it to ride out stalls, lower it to fail over sooner "
+        f"(default {DEFAULT_FAILURE_TIMEOUT_MS})",
+    )
+
+
 # ------------------------------------------------------------------ commands
 
 
@@ -322,6 +346,7 @@ async def _run_coordinator(args: argparse.Namespace) -> None:
             replication_factor=args.replication_factor,
             admin_host=args.host,
             admin_port=args.admin_port,
+            failure_timeout_ms=args.failure_timeout_ms,
         )
     )
     await coordinator.start()
@@ -434,7 +459,8 @@ def _run_cluster(args: argparse.Namespace) -> None:
             ["coordinator", "--nodes", ",".join(nodes), "--shards", str(args.shards),
              "--replication-factor", str(args.replication_factor),
              "--metadata", str(data_dir / "coordinator" / "metadata.pb"),
-             "--host", args.host, "--admin-port", str(args.base_port + args.nodes)],
+             "--host", args.host, "--admin-port", str(args.base_port + args.nodes),
+             "--failure-timeout-ms", str(args.failure_timeout_ms)],
             data_dir / "coordinator.log",
         )
     )  # fmt: skip
@@ -710,6 +736,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-fsync", action="store_true")
     _add_storage_flags(p)
+    _add_failure_timeout_flag(p)
 
     p = sub.add_parser("node", help="one storage node", parents=[common])
     p.add_argument("--data-dir", required=True)
@@ -737,6 +764,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--admin-port", type=_port, default=0)
+    _add_failure_timeout_flag(p)
 
     p = sub.add_parser(
         "status",

@@ -225,6 +225,7 @@ class LocalCluster:
         fsync: bool = True,
         host: str = "127.0.0.1",
         node_args: Sequence[str] = (),
+        coordinator_args: Sequence[str] = (),
     ):
         self.root = root
         self.shards = shards
@@ -269,6 +270,7 @@ class LocalCluster:
                 host,
                 "--admin-port",
                 self.admin_address.rpartition(":")[2],
+                *coordinator_args,
             ],
             root / "logs" / "coordinator.log",
         )

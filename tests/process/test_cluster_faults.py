@@ -132,6 +132,33 @@ def test_paused_leader_replaced_and_resumed_acknowledges_nothing_it_lost(
     measure("  " + load.verify())
 
 
+@pytest.mark.timeout(120)
+def test_a_leader_paused_for_less_than_the_failure_timeout_keeps_its_shard(
+    make_cluster: MakeCluster,
+) -> None:
+    """With --failure-timeout-ms 3000, a leader paused for 1.5 s (3x the default timeout)
+    is still the leader in the same term once resumed; paused for good, it is replaced,
+    and not before the timeout has run (less one tick for its last report's age)."""
+    cluster = make_cluster(
+        nodes=3, shards=1, replication_factor=3, coordinator_args=["--failure-timeout-ms", "3000"]
+    )
+    leader = cluster.leader_of(0)
+    assert leader is not None
+    term = cluster.shard_metadata(0).term
+    cluster.pause(leader)
+    time.sleep(1.5)
+    cluster.resume(leader)
+    time.sleep(0.5)  # health reports flow again
+    assert (cluster.leader_of(0), cluster.shard_metadata(0).term) == (leader, term)
+    paused_at = cluster.pause(leader)
+    try:
+        cluster.wait_new_leader(0, not_on=leader, after_term=term)
+        replaced_after_s = time.monotonic() - paused_at
+    finally:
+        cluster.resume(leader)
+    assert replaced_after_s >= 2.8, f"replaced {replaced_after_s:.2f} s after the pause"
+
+
 # ------------------------------------------------------------------ leader storage failure
 
 

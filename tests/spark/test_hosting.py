@@ -39,6 +39,7 @@ from spark_failover_bench import failover_trial
 import quorumstore.spark
 from quorumstore.node.data_format import DATA_FORMAT, MARKER_FILE
 from quorumstore.spark.config import HostingConfig
+from quorumstore.spark.hosting import coordinator_config
 from quorumstore.spark.slots import current_slots
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,6 +124,19 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
         assert HostingConfig.resolve({"spark.quorumstore.kvMemory": text}).kv_memory_bytes == size
 
 
+def test_the_failure_timeout_reaches_the_coordinator_in_ticks() -> None:
+    """Spark's duration forms; the coordinator counts whole ticks of 100 ms, rounding up."""
+    assert coordinator_config(HostingConfig.resolve({})).node_failure_ticks == 5
+    durations = {"2s": 20, "750ms": 8, "3": 30, " 0.25S ": 3}
+    for text, ticks in durations.items():
+        config = HostingConfig.resolve({"spark.quorumstore.failureTimeout": text})
+        assert coordinator_config(config).node_failure_ticks == ticks, text
+    overridden = HostingConfig.resolve(
+        {"spark.quorumstore.failureTimeout": "2s"}, failure_timeout_s=1
+    )
+    assert coordinator_config(overridden).failure_timeout_ms == 1000
+
+
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
@@ -151,6 +165,15 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
         ({"spark.quorumstore.basePort": "65534"}, "basePort must leave room"),
         ({"spark.quorumstore.startTimeout": "nan"}, "startTimeout must be a positive number"),
         ({"spark.quorumstore.startTimeout": "inf"}, "startTimeout must be a positive number"),
+        (
+            {"spark.quorumstore.failureTimeout": "soon"},
+            "failureTimeout: cannot read 'soon' as a duration such as 500ms or 2s",
+        ),
+        (
+            {"spark.quorumstore.failureTimeout": "100ms"},
+            "failureTimeout: the node failure timeout must be at least 200 ms",
+        ),
+        ({"spark.quorumstore.failureTimeout": "nan"}, "failureTimeout must be a duration"),
     ],
 )
 def test_bad_settings_are_named(conf: dict[str, str], message: str) -> None:

@@ -61,6 +61,21 @@ def test_log_level_is_accepted_after_the_command() -> None:
     assert args.log_level == "ERROR"
 
 
+def test_a_failure_timeout_under_two_ticks_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for command in (
+        ["cluster", "--data-dir", str(tmp_path)],
+        ["coordinator", "--nodes", "h:1", "--metadata", str(tmp_path / "m.pb")],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            cli._parser().parse_args([*command, "--failure-timeout-ms", "150"])
+        assert exited.value.code == 2
+        assert "the node failure timeout must be at least 200 ms" in capsys.readouterr().err
+    args = cli._parser().parse_args(["cluster", "--data-dir", "d", "--failure-timeout-ms", "900"])
+    assert args.failure_timeout_ms == 900
+
+
 def test_status_pointed_at_something_else_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     async def scenario() -> str:
         server = grpc.aio.server(options=SERVER_OPTIONS)  # no status service: UNIMPLEMENTED

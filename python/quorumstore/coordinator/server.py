@@ -43,6 +43,24 @@ from quorumstore.protocol.messages import (
 
 log = logging.getLogger(__name__)
 
+#: The coordinator's clock: elections, retries and failure detection advance by ticks.
+DEFAULT_TICK_MS = 100
+#: A node that sends no health report for this long is taken for failed.
+DEFAULT_FAILURE_TIMEOUT_MS = 500
+#: The failure timeout spans at least this many ticks: reports come once a tick, and one
+#: late report must not depose a leader.
+MIN_FAILURE_TICKS = 2
+
+
+def check_failure_timeout(failure_timeout_ms: int, tick_ms: int = DEFAULT_TICK_MS) -> None:
+    """Raises ValueError unless a node failure timeout of `failure_timeout_ms` can work."""
+    if failure_timeout_ms < MIN_FAILURE_TICKS * tick_ms:
+        raise ValueError(
+            f"the node failure timeout must be at least {MIN_FAILURE_TICKS * tick_ms} ms "
+            f"({MIN_FAILURE_TICKS} coordinator ticks of {tick_ms} ms), got {failure_timeout_ms} ms"
+        )
+
+
 #: Retry delays of a failed metadata save: the first, doubled up to the last.
 SAVE_RETRY_FIRST_S = 0.1
 SAVE_RETRY_MAX_S = 5.0
@@ -54,11 +72,22 @@ class CoordinatorServerConfig:
     metadata_url: str
     namespaces: dict[str, int] = field(default_factory=lambda: {"default": 1})
     replication_factor: int = 3
-    tick_ms: int = 100
+    tick_ms: int = DEFAULT_TICK_MS
+    #: How long a node may send no health report before it is taken for failed (a leader
+    #: is then replaced). Longer rides out stalls such as a paused VM; shorter fails over
+    #: sooner. Rounded up to whole ticks.
+    failure_timeout_ms: int = DEFAULT_FAILURE_TIMEOUT_MS
     #: Port of the CoordinatorAdmin service (status); None: not served.
     admin_host: str = "127.0.0.1"
     admin_port: int | None = None
     max_lag: int = 10_000
+
+    def __post_init__(self) -> None:
+        check_failure_timeout(self.failure_timeout_ms, self.tick_ms)
+
+    @property
+    def node_failure_ticks(self) -> int:
+        return -(-self.failure_timeout_ms // self.tick_ms)
 
 
 class _NodeLink:
@@ -151,7 +180,9 @@ class CoordinatorServer:
                 self.config.metadata_url,
             )
         config = CoordinatorConfig(
-            replication_factor=self.config.replication_factor, max_lag=self.config.max_lag
+            replication_factor=self.config.replication_factor,
+            max_lag=self.config.max_lag,
+            node_failure_ticks=self.config.node_failure_ticks,
         )
         self.engine = Coordinator(self.config.nodes, metadata, config)
         for address in self.config.nodes:

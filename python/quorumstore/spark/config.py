@@ -8,7 +8,7 @@ before anything starts: a bad value fails with the key's name, not deep in a tas
 Keys (all under ``spark.quorumstore.``): ``nodes``, ``shards``, ``replicationFactor``,
 ``placement`` (``barrier`` or ``independent``), ``host``, ``basePort``, ``dataDir``,
 ``metadataUrl``, ``walSync``, ``kvMemory`` (``512m``), ``startTimeout`` (seconds; ``120``
-or ``120s``),
+or ``120s``), ``failureTimeout`` (``500ms``; how long a silent node is taken to be alive),
 ``logLevel`` (of the storage nodes, in the executors' stderr).
 
 >>> config = HostingConfig.resolve({"spark.quorumstore.nodes": "5"}, shards=4)
@@ -35,7 +35,11 @@ PLACEMENTS = ("barrier", "independent")
 
 
 def _seconds(value: str) -> float:
-    return float(value.removesuffix("s"))
+    """A duration as Spark writes them: seconds, with or without ``s``, or ``ms``."""
+    text = value.strip().lower()
+    if text.endswith("ms"):
+        return float(text[:-2]) / 1000
+    return float(text.removesuffix("s"))
 
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -70,6 +74,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "wal_sync": ("walSync", _boolean),
     "kv_memory_bytes": ("kvMemory", _bytes),
     "start_timeout_s": ("startTimeout", _seconds),
+    "failure_timeout_s": ("failureTimeout", _seconds),
     "log_level": ("logLevel", str.strip),
 }
 
@@ -97,6 +102,9 @@ class HostingConfig:
     #: What each node's RocksDB stores share: block cache and memtables.
     kv_memory_bytes: int = DEFAULT_KV_MEMORY_BYTES
     start_timeout_s: float = 120.0
+    #: How long a node may send the coordinator no health report before it is taken for
+    #: failed and its shards get new leaders.
+    failure_timeout_s: float = 0.5
     log_level: str = "WARNING"
 
     @classmethod
@@ -162,6 +170,17 @@ class HostingConfig:
             problems.append(
                 f"{PREFIX}startTimeout must be a positive number of seconds, got {self.start_timeout_s}"
             )
+        if not math.isfinite(self.failure_timeout_s):
+            problems.append(
+                f"{PREFIX}failureTimeout must be a duration such as 500ms, got {self.failure_timeout_s}"
+            )
+        else:
+            from quorumstore.coordinator.server import check_failure_timeout
+
+            try:
+                check_failure_timeout(self.failure_timeout_ms)
+            except ValueError as e:
+                problems.append(f"{PREFIX}failureTimeout: {e}")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(
                 f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}"
@@ -177,6 +196,10 @@ class HostingConfig:
     def admin_port(self) -> int:
         return self.base_port + self.nodes
 
+    @property
+    def failure_timeout_ms(self) -> int:
+        return round(self.failure_timeout_s * 1000)
+
 
 #: The types a keyword argument of `start` may have, per field (bool is no int here).
 _OVERRIDE_TYPES: dict[str, tuple[type, ...]] = {
@@ -185,6 +208,7 @@ _OVERRIDE_TYPES: dict[str, tuple[type, ...]] = {
     "replication_factor": (int,),
     "base_port": (int,),
     "start_timeout_s": (int, float),
+    "failure_timeout_s": (int, float),
     "wal_sync": (bool,),
     "kv_memory_bytes": (int,),
     "data_dir": (str, os.PathLike),
@@ -213,4 +237,5 @@ def _describe(name: str) -> str:
         "wal_sync": "true or false",
         "kv_memory_bytes": "a size such as 512m (bytes, or k, m, g)",
         "start_timeout_s": "a number of seconds",
+        "failure_timeout_s": "a duration such as 500ms or 2s",
     }.get(name, "a whole number")

@@ -285,6 +285,7 @@ def start(
     wal_sync: bool | None = None,
     kv_memory_bytes: int | None = None,
     start_timeout_s: float | None = None,
+    failure_timeout_s: float | None = None,
     log_level: str | None = None,
 ) -> HostedCluster:
     """Starts a quorumstore cluster inside this Spark application and waits until it serves.
@@ -318,6 +319,9 @@ def start(
         count it in the executors' memory overhead.
     start_timeout_s : float, optional
         How long to wait for executors and for every shard to have a leader.
+    failure_timeout_s : float, optional
+        How long a node may be silent before the coordinator takes it for failed and
+        elects new leaders for its shards (default 0.5 s, at least 0.2 s).
     log_level : str, optional
         Level of the nodes' logs in the executors' stderr (default WARNING).
 
@@ -358,19 +362,11 @@ def start(
         wal_sync=wal_sync,
         kv_memory_bytes=kv_memory_bytes,
         start_timeout_s=start_timeout_s,
+        failure_timeout_s=failure_timeout_s,
         log_level=log_level,
     )
     check_free_slots(sc, config.nodes, config.start_timeout_s)
-    coordinator = CoordinatorThread(
-        CoordinatorServerConfig(
-            nodes=config.node_addresses,
-            metadata_url=config.metadata_url,
-            namespaces={DEFAULT_NAMESPACE: config.shards},
-            replication_factor=config.replication_factor,
-            admin_host=config.host,
-            admin_port=config.admin_port,
-        )
-    )
+    coordinator = CoordinatorThread(coordinator_config(config))
     coordinator.start()
     cluster = HostedCluster(spark, config, coordinator, f"quorumstore-{uuid.uuid4().hex[:8]}")
     atexit.register(cluster.stop)
@@ -380,6 +376,19 @@ def start(
         cluster.stop()
         raise
     return cluster
+
+
+def coordinator_config(config: HostingConfig) -> CoordinatorServerConfig:
+    """The settings of the coordinator a hosted cluster runs in the driver."""
+    return CoordinatorServerConfig(
+        nodes=config.node_addresses,
+        metadata_url=config.metadata_url,
+        namespaces={DEFAULT_NAMESPACE: config.shards},
+        replication_factor=config.replication_factor,
+        admin_host=config.host,
+        admin_port=config.admin_port,
+        failure_timeout_ms=config.failure_timeout_ms,
+    )
 
 
 def _serving(status: pb.ClusterStatus) -> bool:
