@@ -144,6 +144,46 @@ def test_write_takes_its_puts_as_made_by_a_generator(kv: KvStore) -> None:
     assert list(kv.scan(b"", None)) == [(b"k0", b"v0"), (b"k1", b"v1"), (b"k2", b"v2")]
 
 
+def test_load_sorted_puts_every_run_at_once(kv: KvStore, tmp_path: Path) -> None:
+    kv.write([(b"\x00meta", b"m")], [], [])
+    runs = [([b"a", b"b"], [b"va", b"vb"]), ([], []), ([b"c"], [b"vc"])]
+    kv.load_sorted(iter(runs))
+    kv.load_sorted(iter([]))
+    assert list(kv.scan(b"", None)) == [
+        (b"\x00meta", b"m"),
+        (b"a", b"va"),
+        (b"b", b"vb"),
+        (b"c", b"vc"),
+    ]
+    assert list(tmp_path.rglob("*.load.sst")) == []
+
+
+def test_a_load_whose_runs_fail_or_disorder_writes_nothing(kv: KvStore, tmp_path: Path) -> None:
+    def cut() -> Iterator[tuple[list[bytes], list[bytes]]]:
+        yield [b"a", b"b"], [b"va", b"vb"]
+        raise ValueError("snapshot stream ended")
+
+    with pytest.raises(ValueError, match="snapshot stream ended"):
+        kv.load_sorted(cut())
+    for disordered in ([b"b", b"a"], [b"a", b"a"]):
+        with pytest.raises(ValueError, match="cannot bulk load into"):
+            kv.load_sorted(iter([(disordered, [b"1", b"2"])]))
+    assert list(kv.scan(b"", None)) == []
+    assert list(tmp_path.rglob("*.load.sst")) == []
+
+
+def test_rocks_removes_what_a_crashed_load_left(tmp_path: Path) -> None:
+    RocksKv(tmp_path / "db").close()
+    (tmp_path / "db" / "tmp1234.load.sst").write_bytes(b"half an SST file")
+    kv = RocksKv(tmp_path / "db")
+    kv.load_sorted(iter([([b"k"], [b"v"])]))
+    kv.close()
+    assert list((tmp_path / "db").glob("*.load.sst")) == []
+    reopened = RocksKv(tmp_path / "db")
+    assert list(reopened.scan(b"", None)) == [(b"k", b"v")]
+    reopened.close()
+
+
 def test_long_scan_survives_writes_while_suspended(kv: KvStore) -> None:
     keys = [b"k%05d" % i for i in range(5000)]
     fill(kv, keys)

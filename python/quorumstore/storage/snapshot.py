@@ -7,7 +7,7 @@ carries the log position the KV is the application of. The installer refuses
 chunks out of order and a stream that ends before its last chunk.
 
 The installer writes the internal keys (the applied position among them) last, after
-all user data: a crash in the middle of an install leaves a KV without an applied
+all user data (one bulk load): a crash in the middle of an install leaves a KV without an applied
 position, which reads as "empty", never one that claims a position it does not hold.
 """
 
@@ -101,8 +101,10 @@ def _clear(kv: KvStore) -> None:
 def install_snapshot(kv: KvStore, chunks: Iterable[bytes]) -> LogPosition:
     """Replace everything in `kv` with the snapshot in `chunks`; return its position.
 
-    The KV is cleared only once the first chunk has been read and checked; it is
-    flushed at the end. Reopen the state machine on `kv` afterwards.
+    The KV is cleared only once the first chunk has been read and checked; the user data
+    goes in as one bulk load (`KvStore.load_sorted`), which writes nothing unless every
+    chunk arrived and checked out, and the KV is flushed at the end. Reopen the state
+    machine on `kv` afterwards.
     """
     stream = iter(chunks)
     first = next(stream, None)
@@ -118,11 +120,27 @@ def install_snapshot(kv: KvStore, chunks: Iterable[bytes]) -> LogPosition:
 
     _clear(kv)
     internal: list[Item] = []
+
+    def user_runs() -> Iterator[Run]:
+        for chunk in _tables(table, metadata, stream):
+            is_internal = pc.less(chunk.column("key"), _USER_KEYS_START)
+            internal.extend(_items(chunk.filter(is_internal)))
+            user = chunk.filter(pc.invert(is_internal))
+            yield user.column("key").to_pylist(), user.column("value").to_pylist()
+
+    kv.load_sorted(user_runs())
+    kv.write(internal, [], [])
+    kv.flush()
+    return position
+
+
+def _tables(
+    table: pa.Table, metadata: dict[bytes, bytes], stream: Iterator[bytes]
+) -> Iterator[pa.Table]:
+    """The first chunk's `table`, then each next chunk's, checked, up to the last one."""
     index = 0
     while True:
-        is_internal = pc.less(table.column("key"), _USER_KEYS_START)
-        internal.extend(_items(table.filter(is_internal)))
-        kv.write(_items(table.filter(pc.invert(is_internal))), [], [])
+        yield table
         if metadata[_LAST] == b"1":
             break
         index += 1
@@ -134,6 +152,3 @@ def install_snapshot(kv: KvStore, chunks: Iterable[bytes]) -> LogPosition:
         table, metadata = _decode_chunk(data, index)
     if next(stream, None) is not None:
         raise ValueError(f"snapshot stream continues after its last chunk {index}")
-    kv.write(internal, [], [])
-    kv.flush()
-    return position
