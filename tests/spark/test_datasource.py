@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from quorumstore import Client
 from quorumstore.data_client import DataClient
 from quorumstore.spark.datasource import register
+from quorumstore.spark.datasource_values import parse_schema
 from quorumstore.storage.write_batch import ClientSerial
 from quorumstore.testing import standalone_server
 
@@ -137,12 +138,14 @@ def test_values_as_json_decode_into_typed_columns(spark: SparkSession, address: 
 
 TYPED_DDL = (
     "blob BINARY, at TIMESTAMP, day DATE, price DECIMAL(10,2), "
-    "attrs MAP<STRING, BINARY>, parts ARRAY<STRUCT<name: STRING, data: BINARY>>"
+    "attrs MAP<STRING, BINARY>, parts ARRAY<STRUCT<name: STRING, data: BINARY>>, "
+    "note STRING, score DOUBLE, ratio FLOAT, hits ARRAY<BIGINT>, ok BOOLEAN"
 )
 
 
 def typed_frame(spark: SparkSession, prefix: str) -> DataFrame:
-    """Six rows of TYPED_DDL's columns: binary, maps, dates, timestamps, decimals, nested."""
+    """Six rows of TYPED_DDL's columns: binary, maps, dates, timestamps, decimals, nested,
+    and strings that need escaping in JSON, whole and tiny doubles, floats, booleans."""
     return spark.range(6).select(
         F.format_string(f"{prefix}%02d", "id").alias("key"),
         F.expr("substring(unhex(sha2(cast(id as string), 256)), 1, cast(id as int))").alias("blob"),
@@ -153,6 +156,11 @@ def typed_frame(spark: SparkSession, prefix: str) -> DataFrame:
         F.expr(
             "array(named_struct('name', 'p', 'data', unhex(repeat('ab', cast(id as int)))))"
         ).alias("parts"),
+        F.expr("concat('q\"', id, '\\\\', char(10), char(1), 'é')").alias("note"),
+        F.expr("if(id % 2 = 0, id * 50.0D, id * 1e-7D)").alias("score"),
+        F.expr("cast(id / 3 as float)").alias("ratio"),
+        F.expr("array(id, cast(null as bigint), 4611686018427387904L)").alias("hits"),
+        F.expr("id % 2 = 0").alias("ok"),
     )
 
 
@@ -165,7 +173,7 @@ def test_json_values_of_every_type_match_sparks_own_json(spark: SparkSession, ad
     source.write.format("quorumstore").option("address", address).option(
         "valueFormat", "json"
     ).mode("append").save()
-    columns = ["key", "blob", "at", "day", "price", "attrs", "parts"]
+    columns = ["key", *parse_schema(ddl).names]
     back = read(spark, address, keyPrefix=prefix, valueFormat="json", valueSchema=ddl)
     expected = sorted(source.collect())
     assert sorted(back.select(*columns).collect()) == expected

@@ -9,10 +9,11 @@ import decimal
 import json
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from quorumstore.spark import arrow_values
+from quorumstore.spark import arrow_values, json_values
 from quorumstore.spark.arrow_values import NotArrowValue
 from quorumstore.spark.datasource_values import SchemaError, ValueCodec, parse_schema
 from quorumstore.spark.json_values import base64_decoded
@@ -74,6 +75,87 @@ def test_maps_and_binary_are_stored_as_spark_writes_them() -> None:
         "b": "AAFoaQ==",
         "a": ["YWI="],
     }
+
+
+def _random_text(rng: random.Random) -> str | None:
+    if rng.random() < 0.1:
+        return None
+    chars = ["a", "é", '"', "\\", "\n", "\x00", "\x1f", "\u2028", "😀", " ", "/"]
+    return "".join(rng.choice(chars) for _ in range(rng.randint(0, 6)))
+
+
+def _random_float(rng: random.Random) -> float | None:
+    special = [
+        None,
+        0.1,
+        100.0,
+        -0.0,
+        1e20,
+        1e-7,
+        5e-324,
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+    ]
+    return rng.choice([*special, rng.random() * 1e6])
+
+
+def test_json_values_are_the_objects_the_json_module_writes() -> None:
+    """Columns the Arrow kernels write (strings needing every escape, numbers, booleans,
+    dates, lists and structs of them, with nulls at every level) beside columns written
+    value by value: every value parses to what `json.dumps` of its row parses to (float32
+    compared as float32, which the kernels write in its shortest form), and reads back."""
+    c = codec(
+        "s STRING, n BIGINT, f DOUBLE, g FLOAT, ok BOOLEAN, d DATE, l ARRAY<STRING>, "
+        "st STRUCT<x: INT, y: ARRAY<DOUBLE>>, ll ARRAY<ARRAY<TINYINT>>, b BINARY, "
+        "m MAP<STRING, INT>, dec DECIMAL(10,2)"
+    )
+    rng = random.Random(3)
+    rows = [
+        {
+            "s": _random_text(rng),
+            "n": rng.choice([None, 2**63 - 1, -(2**63), 0]),
+            "f": _random_float(rng),
+            "g": _random_float(rng),
+            "ok": rng.choice([None, True, False]),
+            "d": rng.choice([None, datetime.date(2024, 5, 6)]),
+            "l": rng.choice([None, [], [_random_text(rng) for _ in range(3)]]),
+            "st": rng.choice(
+                [None, {"x": None, "y": None}, {"x": 5, "y": [_random_float(rng), None]}]
+            ),
+            "ll": rng.choice([None, [[1, None], None, []]]),
+            "b": rng.choice([None, b"\x00hi"]),
+            "m": rng.choice([None, [("k", 1)]]),
+            "dec": rng.choice([None, decimal.Decimal("1.50")]),
+        }
+        for _ in range(2000)
+    ]
+    batch = pa.RecordBatch.from_pylist(rows, schema=c.arrow)
+    for part in (batch, batch.slice(17, 900)):
+        stored = c.encode(part).to_pylist()
+        for value, row in zip(stored, part.to_pylist(maps_as_pydicts="strict"), strict=True):
+            written = json.loads(value)
+            expected = json.loads(json.dumps(row, default=json_values._default))
+            for obj in (written, expected):
+                obj["g"] = None if obj["g"] is None else float(np.float32(obj["g"]))
+            assert repr(written) == repr(expected), value
+        decoded = pa.Table.from_arrays(c.decode(pa.array(stored, pa.binary())), schema=c.arrow)
+        assert repr(decoded.to_pylist()) == repr(pa.Table.from_batches([part]).to_pylist())
+
+
+def test_json_columns_arrow_kernels_can_write_are_not_written_value_by_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(array: pa.Array) -> pa.Array:
+        raise AssertionError(f"{array.type} written value by value")
+
+    monkeypatch.setattr(json_values, "_python_text", refuse)
+    c = codec("s STRING, n INT, f DOUBLE, ok BOOLEAN, d DATE, st STRUCT<l: ARRAY<STRING>>")
+    row = {"s": 'a"b', "n": 1, "f": 2.0, "ok": True, "d": None, "st": {"l": ["x", None]}}
+    stored = c.encode(pa.RecordBatch.from_pylist([row], schema=c.arrow))
+    assert stored.to_pylist() == [
+        b'{"s":"a\\"b","n":1,"f":2.0,"ok":true,"d":null,"st":{"l":["x",null]}}'
+    ]
 
 
 def test_json_written_by_sparks_to_json_decodes() -> None:

@@ -5,7 +5,9 @@ One object per value, one member per value column. Dates, timestamps and decimal
 written as strings (ISO 8601 and decimal text); decimals are read from numbers too.
 Binary is base64 text, maps are JSON objects, so map keys must be strings.
 
-Decoding is columnar: pyarrow's JSON reader parses every column it can, and base64 is
+Encoding is columnar for strings, numbers, booleans, dates and lists and structs of them
+(Arrow string kernels build each object's text); other columns are written value by
+value with the `json` module. Decoding is columnar: pyarrow's JSON reader parses every column it can, and base64 is
 decoded for the whole column at once. pyarrow cannot parse JSON objects into maps, so a
 column that holds a map somewhere is decoded row by row with the `json` module.
 """
@@ -63,12 +65,88 @@ def _default(value: object) -> object:
 
 def encode(columns: pa.RecordBatch) -> pa.Array:
     """Each row of `columns` as one JSON object (binary)."""
+    if columns.num_columns == 0:
+        return pa.array([b"{}"] * columns.num_rows, pa.binary())
+    text = _object_text(columns.columns, columns.schema.names)
+    return text.cast(pa.binary())
+
+
+def _object_text(children: list[pa.Array], names: list[str]) -> pa.Array:
+    """Per row, the JSON object of `children`' values under `names`, built by Arrow
+    kernels: its members' texts joined between each name and the next."""
+    parts: list[pa.Array | str] = []
+    for i, (name, child) in enumerate(zip(names, children, strict=True)):
+        key = json.dumps(name, ensure_ascii=False)
+        parts += ["{" + key + ":" if i == 0 else "," + key + ":", _value_text(child)]
+    parts.append("}")
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def _value_text(array: pa.Array) -> pa.Array:
+    """Each value of `array` as JSON text (a string array, "null" for nulls). Strings,
+    numbers, booleans, dates, and lists and structs of them are written by Arrow kernels;
+    other types (binary, timestamps, decimals, maps) value by value by the `json` module."""
+    t = array.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        text = _quoted(array.cast(pa.string()))
+    elif pa.types.is_integer(t) or pa.types.is_boolean(t):
+        text = array.cast(pa.string())
+    elif pa.types.is_floating(t):
+        text = _float_text(array)
+    elif pa.types.is_date32(t):
+        text = _quoted(array.cast(pa.string()))
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        # Null lists come out as "[]" here (their offsets span nothing); replaced below.
+        items = type(array).from_arrays(array.offsets, _value_text(array.values))
+        text = pc.binary_join_element_wise("[", pc.binary_join(items, ","), "]", "")
+    elif pa.types.is_struct(t) and t.num_fields > 0:
+        fields = array.flatten()  # each field with the struct's nulls folded in
+        text = _object_text(fields, [f.name for f in t])
+    else:
+        return _python_text(array)
+    return pc.if_else(array.is_valid(), text, "null") if array.null_count else text
+
+
+def _quoted(text: pa.Array) -> pa.Array:
+    """Strings as JSON string literals, escaped as `json.dumps` escapes them. One scan
+    finds whether any string needs escaping; most columns need none."""
+    if pc.any(pc.match_substring_regex(text, _NEEDS_ESCAPING)).as_py():
+        for char, escaped in _ESCAPES:
+            if pc.any(pc.match_substring(text, char)).as_py():
+                text = pc.replace_substring(text, char, escaped)
+    return pc.binary_join_element_wise('"', text, '"', "")
+
+
+#: A regular expression (RE2) of the characters a JSON string must escape.
+_NEEDS_ESCAPING = r'["\\\x00-\x1f]'
+#: What `json.dumps(..., ensure_ascii=False)` escapes in a string, backslash first.
+_ESCAPES = [("\\", "\\\\"), ('"', '\\"')] + [
+    (chr(c), json.dumps(chr(c))[1:-1]) for c in range(0x20)
+]
+
+
+def _float_text(array: pa.Array) -> pa.Array:
+    """Floats as JSON numbers, "100.0" rather than Arrow's "100"; NaN and infinities as
+    `json.dumps` and Spark's `to_json` write them."""
+    text = array.cast(pa.string())
+    whole = pc.match_substring_regex(text, "^-?[0-9]+$")
+    text = pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text)
+    special = pc.invert(pc.is_finite(array))
+    if pc.any(special).as_py():
+        named = pc.if_else(
+            pc.is_nan(array), "NaN", pc.if_else(pc.greater(array, 0), "Infinity", "-Infinity")
+        )
+        text = pc.if_else(special, named, text)
+    return text
+
+
+def _python_text(array: pa.Array) -> pa.Array:
     return pa.array(
         [
-            json.dumps(row, default=_default, separators=(",", ":"), ensure_ascii=False).encode()
-            for row in columns.to_pylist(maps_as_pydicts="strict")
+            json.dumps(v, default=_default, separators=(",", ":"), ensure_ascii=False)
+            for v in array.to_pylist(maps_as_pydicts="strict")
         ],
-        pa.binary(),
+        pa.string(),
     )
 
 
