@@ -466,6 +466,18 @@ class _Replication(pb_grpc.ReplicationServicer):
                             f"not accepting a snapshot for {shard} in term {chunk.term}",
                         )
                     stager = _SnapshotStager(host.staging_directory(), self.node.kv_memory)
+                else:
+                    assert host is not None
+                    if not host.can_install_snapshot(first.term, first.leader_name):
+                        # A newer term began meanwhile and the install would be refused:
+                        # stop staging a snapshot nobody can use, rather than write the rest.
+                        await abort(
+                            context,
+                            grpc.StatusCode.FAILED_PRECONDITION,
+                            f"snapshot for {shard} from {first.leader_name} in term "
+                            f"{first.term} superseded: the replica is now in term "
+                            f"{host.replica.term}",
+                        )
                 assert stager is not None
                 await stager.feed(chunk.data)
                 if stager.stopped:
