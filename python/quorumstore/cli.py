@@ -27,6 +27,10 @@ import grpc
 from quorumstore import event_loops
 from quorumstore.addresses import host_port
 from quorumstore.backoff import restart_backoff
+from quorumstore.coordinator.failure_timeout import (
+    DEFAULT_FAILURE_TIMEOUT_MS,
+    check_failure_timeout,
+)
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.node.data_format import DataFormatError
 from quorumstore.node.failures import ReplicaFailure
@@ -232,8 +236,6 @@ def _add_storage_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _failure_timeout(value: str) -> int:
-    from quorumstore.coordinator.server import check_failure_timeout
-
     milliseconds = _positive(value)
     try:
         check_failure_timeout(milliseconds)
@@ -243,8 +245,6 @@ def _failure_timeout(value: str) -> int:
 
 
 def _add_failure_timeout_flag(p: argparse.ArgumentParser) -> None:
-    from quorumstore.coordinator.server import DEFAULT_FAILURE_TIMEOUT_MS
-
     p.add_argument(
         "--failure-timeout-ms",
         type=_failure_timeout,

@@ -21,6 +21,12 @@ import grpc
 from quorumstore import wire
 from quorumstore.addresses import host_port
 from quorumstore.backoff import DoublingBackoff
+from quorumstore.coordinator.failure_timeout import (
+    DEFAULT_FAILURE_TIMEOUT_MS,
+    DEFAULT_TICK_MS,
+    check_failure_timeout,
+    failure_ticks,
+)
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
 from quorumstore.node.transport import GRPC_OPTIONS, SERVER_OPTIONS, listen
 from quorumstore.proto import replication_pb2 as pb
@@ -42,24 +48,6 @@ from quorumstore.protocol.messages import (
 )
 
 log = logging.getLogger(__name__)
-
-#: The coordinator's clock: elections, retries and failure detection advance by ticks.
-DEFAULT_TICK_MS = 100
-#: A node that sends no health report for this long is taken for failed.
-DEFAULT_FAILURE_TIMEOUT_MS = 500
-#: The failure timeout spans at least this many ticks: reports come once a tick, and one
-#: late report must not depose a leader.
-MIN_FAILURE_TICKS = 2
-
-
-def check_failure_timeout(failure_timeout_ms: int, tick_ms: int = DEFAULT_TICK_MS) -> None:
-    """Raises ValueError unless a node failure timeout of `failure_timeout_ms` can work."""
-    if failure_timeout_ms < MIN_FAILURE_TICKS * tick_ms:
-        raise ValueError(
-            f"the node failure timeout must be at least {MIN_FAILURE_TICKS * tick_ms} ms "
-            f"({MIN_FAILURE_TICKS} coordinator ticks of {tick_ms} ms), got {failure_timeout_ms} ms"
-        )
-
 
 #: Retry delays of a failed metadata save: the first, doubled up to the last.
 SAVE_RETRY_FIRST_S = 0.1
@@ -87,7 +75,7 @@ class CoordinatorServerConfig:
 
     @property
     def node_failure_ticks(self) -> int:
-        return -(-self.failure_timeout_ms // self.tick_ms)
+        return failure_ticks(self.failure_timeout_ms, self.tick_ms)
 
 
 class _NodeLink:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quorumstore.addresses import host_port
+from quorumstore.coordinator.failure_timeout import check_failure_timeout
 from quorumstore.storage.kv import DEFAULT_KV_MEMORY_BYTES
 
 PREFIX = "spark.quorumstore."
@@ -175,8 +176,6 @@ class HostingConfig:
                 f"{PREFIX}failureTimeout must be a duration such as 500ms, got {self.failure_timeout_s}"
             )
         else:
-            from quorumstore.coordinator.server import check_failure_timeout
-
             try:
                 check_failure_timeout(self.failure_timeout_ms)
             except ValueError as e:

@@ -94,7 +94,7 @@ def _value_text(array: pa.Array) -> pa.Array:
     elif pa.types.is_floating(t):
         text = _float_text(array)
     elif pa.types.is_date32(t):
-        text = _quoted(array.cast(pa.string()))
+        text = _string_literal(array.cast(pa.string()))  # digits and '-': nothing to escape
     elif pa.types.is_list(t) or pa.types.is_large_list(t):
         # Null lists come out as "[]" here (their offsets span nothing); replaced below.
         items = type(array).from_arrays(array.offsets, _value_text(array.values))
@@ -114,6 +114,11 @@ def _quoted(text: pa.Array) -> pa.Array:
         for char, escaped in _ESCAPES:
             if pc.any(pc.match_substring(text, char)).as_py():
                 text = pc.replace_substring(text, char, escaped)
+    return _string_literal(text)
+
+
+def _string_literal(text: pa.Array) -> pa.Array:
+    """Each string between double quotes, as it is: `text` needs no escaping."""
     return pc.binary_join_element_wise('"', text, '"', "")
 
 
