@@ -8,3 +8,8 @@ _REPO = Path(__file__).resolve().parents[1]
 for _path in (_REPO / "python", _REPO / "bench"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
+
+# Before any test module imports grpc: quorumstore sets gRPC's fork handling on import,
+# which only works before grpc is loaded (see quorumstore/__init__.py). The Spark tests
+# launch JVMs (a fork) after their clusters' gRPC channels are in use.
+import quorumstore  # noqa: F401

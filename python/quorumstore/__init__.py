@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# Before anything imports grpc, which reads this once. With gRPC's fork handlers on
+# (grpcio's default on Linux), a child forked while gRPC is in use can abort before it
+# execs: grpcio 1.81 and later restart their epoll poller in the child, which then fails
+# on a closed descriptor (grpc/grpc#43055): 75 of 300 children forked while a client
+# wrote did (tests/process/test_forked_children.py). PySpark launches its JVM that way,
+# so a SparkSession created after a client could fail with JAVA_GATEWAY_EXITED. gRPC
+# Python supports gRPC in a forked child only when this is true, which a user may still
+# set before importing quorumstore.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 __version__ = "0.1.0"
 __all__ = ["AsyncClient", "Client"]
