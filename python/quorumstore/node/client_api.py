@@ -56,7 +56,7 @@ from quorumstore.event_loops import abandon
 from quorumstore.node import forwarding
 from quorumstore.node.aborts import abort
 from quorumstore.node.forwarding import Relays, Routing
-from quorumstore.node.notifications import notification_batches, position_batch
+from quorumstore.node.notifications import NotificationCache, position_batch
 from quorumstore.node.plain_puts import PlainPuts, plain_puts
 from quorumstore.node.sessions import SessionKeeper
 from quorumstore.node.write_coalescer import WriteCoalescer
@@ -457,6 +457,9 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self._coalescers: weakref.WeakKeyDictionary[
             ShardHostApi, WriteCoalescer[PlainPuts | None]
         ] = weakref.WeakKeyDictionary()
+        self._notification_caches: weakref.WeakKeyDictionary[ShardHostApi, NotificationCache] = (
+            weakref.WeakKeyDictionary()
+        )
         self._expiry = asyncio.get_running_loop().create_task(self._expire_sessions())
 
     async def close(self) -> None:
@@ -1101,12 +1104,15 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 announced = False
             last = start
             while True:
-                reader = self._leader_host(shard).reader()
+                host = self._leader_host(shard)
+                reader = host.reader()
                 applied = reader.applied_position.offset
                 if applied > last:
-                    for offset, timestamp_ms, changes in reader.read_changes(last, applied):
-                        for batch in notification_batches(shard, offset, timestamp_ms, changes):
-                            yield batch
+                    cache = self._notification_caches.get(host)
+                    if cache is None:
+                        cache = self._notification_caches[host] = NotificationCache(shard)
+                    for batch in cache.batches(reader, last, applied):
+                        yield batch
                         announced = True
                     last = applied
                 if not announced:
