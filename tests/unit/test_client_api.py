@@ -68,6 +68,7 @@ class SingleReplicaHost:
         #: The last entry handed out; a write takes its log position when called, as the
         #: real host does, so several may wait at the gate and apply in call order.
         self._last = self.state.applied_position
+        self._changed = asyncio.Event()
 
     def is_leader(self) -> bool:
         return self.leader
@@ -84,10 +85,15 @@ class SingleReplicaHost:
             await self.gate.wait()
         [result] = self.state.apply([entry])
         assert result is not None
+        self._changed.set()
+        self._changed = asyncio.Event()
         return result
 
     def reader(self) -> ShardStateMachine:
         return self.state
+
+    def changes(self) -> asyncio.Event:
+        return self._changed
 
 
 class Directory:

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from quorumstore.node import notifications as notifications_module
 from quorumstore.node.notifications import NotificationCache, notification_batches
 from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, make_entry
 from quorumstore.storage.kv import MemoryKv
@@ -84,7 +85,9 @@ def test_every_subscriber_gets_what_it_would_have_built_alone(max_bytes: int, se
         i = rng.randrange(len(subscribers))
         if rng.random() < 0.05:  # resumes from an earlier offset, or starts at the present
             subscribers[i] = rng.choice([rng.randint(-1, shard.applied), shard.applied])
-        last, applied = subscribers[i], shard.applied
+        last = subscribers[i]
+        # It read the applied offset a moment ago, or now.
+        applied = rng.choice([shard.applied, rng.randint(last, shard.applied)])
         served = [b.SerializeToString() for b in cache.batches(shard.machine, last, applied)]
         assert served == built_alone(shard, last, applied), (seed, last, applied)
         subscribers[i] = applied
@@ -144,3 +147,26 @@ def test_a_subscriber_ahead_of_the_cache_does_not_make_it_read_the_entries_betwe
     ]
     assert windows == [(resumed_at, shard.applied)]
     assert served == built_alone(shard, resumed_at, shard.applied)
+
+
+def test_an_error_while_extending_leaves_the_cache_consistent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shard = Shard()
+    for i in range(6):
+        builder = WriteBatchBuilder()
+        builder.add_put(f"key/{i}", b"value")
+        shard.apply(builder)
+    cache = NotificationCache(SHARD)
+    built = iter(range(100))
+
+    def fails_at_the_fourth(*args):  # type: ignore[no-untyped-def]
+        if next(built) == 3:
+            raise OSError("the test failed this read")
+        return notification_batches(*args)
+
+    monkeypatch.setattr(notifications_module, "notification_batches", fails_at_the_fourth)
+    with pytest.raises(OSError):
+        list(cache.batches(shard.machine, -1, shard.applied))
+    served = [b.SerializeToString() for b in cache.batches(shard.machine, -1, shard.applied)]
+    assert served == built_alone(shard, -1, shard.applied)

@@ -29,7 +29,7 @@ from test_client_api import (
 
 from quorumstore import AsyncClient
 from quorumstore.client.notifications import Notification
-from quorumstore.node import client_api
+from quorumstore.node import notifications as notifications_module
 from quorumstore.node.client_api import (
     CLIENT_ID_METADATA_KEY,
     SERIAL_METADATA_KEY,
@@ -44,7 +44,7 @@ from quorumstore.storage.change_log import CHANGES_SCHEMA, ChangeEvent
 from quorumstore.storage.sessions import SessionInfo
 from quorumstore.storage.write_batch import Op
 
-FAST = {"session_check_interval_s": 0.005, "stream_poll_interval_s": 0.005}
+FAST = {"session_check_interval_s": 0.005, "stream_recheck_interval_s": 0.005}
 
 
 class Clock:
@@ -383,7 +383,7 @@ def test_quorumstores_client_skips_the_parts_it_had_when_a_stream_breaks_inside_
                 raise RequestError(grpc.StatusCode.UNAVAILABLE, "the test cut the stream")
             yield batch
 
-    monkeypatch.setattr(client_api, "notification_batches", batches_broken_once)
+    monkeypatch.setattr(notifications_module, "notification_batches", batches_broken_once)
     keys = [f"/bulk/{i:05d}/" + "k" * 228 for i in range(20_000)]
     cluster.put("/before")  # offset 0: the subscription starts there, the entry is 1
 

@@ -40,6 +40,7 @@ follow a changing shard map are served in gateway mode (`forwarding.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import logging
@@ -99,10 +100,14 @@ DEFAULT_MAX_RESPONSE_ITEMS = 1000
 DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
 #: Writes of one WriteStream that may be replicating at once before reading pauses.
 DEFAULT_MAX_INFLIGHT_STREAM_WRITES = 256
-#: How often the leader looks for expired sessions ...
+#: How often the leader looks for expired sessions.
 DEFAULT_SESSION_CHECK_INTERVAL_S = 0.1
-#: ... and notification / sequence-update streams look for newly applied entries.
-DEFAULT_STREAM_POLL_INTERVAL_S = 0.02
+#: Notification and sequence-update streams wake when the shard signals a change
+#: (`ShardHostApi.changes`), and look anyway after this long without one ...
+DEFAULT_STREAM_RECHECK_INTERVAL_S = 1.0
+#: ... but no sooner than this after their last look, so that under a stream of small
+#: writes each wake-up serves several entries rather than one.
+STREAM_MIN_INTERVAL_S = 0.002
 #: Invocation metadata of an exactly-once write: the client's id and the write's serial.
 CLIENT_ID_METADATA_KEY = "qs-client-id"
 SERIAL_METADATA_KEY = "qs-serial"
@@ -165,6 +170,11 @@ class ShardHostApi(Protocol):
 
     def reader(self) -> ShardReader:
         """The committed state (the leader's applied KV)."""
+        ...
+
+    def changes(self) -> asyncio.Event:
+        """Set at the next applied entry, change of role or term, or close; taken before
+        reading, so that nothing that happens meanwhile is missed."""
         ...
 
 
@@ -426,7 +436,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_inflight_stream_writes: int = DEFAULT_MAX_INFLIGHT_STREAM_WRITES,
         session_check_interval_s: float = DEFAULT_SESSION_CHECK_INTERVAL_S,
-        stream_poll_interval_s: float = DEFAULT_STREAM_POLL_INTERVAL_S,
+        stream_recheck_interval_s: float = DEFAULT_STREAM_RECHECK_INTERVAL_S,
         session_clock_ms: Callable[[], int] = _monotonic_ms,
     ) -> None:
         limits = {
@@ -436,7 +446,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             "max_response_bytes": max_response_bytes,
             "max_inflight_stream_writes": max_inflight_stream_writes,
             "session_check_interval_s": session_check_interval_s,
-            "stream_poll_interval_s": stream_poll_interval_s,
+            "stream_recheck_interval_s": stream_recheck_interval_s,
         }
         for name, value in limits.items():
             if value <= 0:
@@ -448,7 +458,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self._max_response_bytes = max_response_bytes
         self._max_inflight_stream_writes = max_inflight_stream_writes
         self._session_check_interval_s = session_check_interval_s
-        self._poll_interval_s = stream_poll_interval_s
+        self._recheck_interval_s = stream_recheck_interval_s
         # The shard index of the last table seen, rebuilt when the table object changes.
         self._indexed_table: replication_pb2.ShardAssignmentsUpdate | None = None
         self._index: dict[int, tuple[str, str]] = {}
@@ -1049,7 +1059,9 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             last_sent: str | None = None
             seen_offset: int | None = None
             while True:
-                reader = self._leader_host(request.shard).reader()
+                host = self._leader_host(request.shard)
+                changed = host.changes()
+                reader = host.reader()
                 offset = reader.applied_position.offset
                 if offset != seen_offset:
                     seen_offset = offset
@@ -1057,7 +1069,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                     if latest is not None and latest != last_sent:
                         yield pb.GetSequenceUpdatesResponse(highest_sequence_key=latest)
                         last_sent = latest
-                await asyncio.sleep(self._poll_interval_s)
+                await self._next_look(changed)
         except RequestError as e:
             await e.abort(context)
 
@@ -1105,6 +1117,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             last = start
             while True:
                 host = self._leader_host(shard)
+                changed = host.changes()
                 reader = host.reader()
                 applied = reader.applied_position.offset
                 if applied > last:
@@ -1118,9 +1131,18 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 if not announced:
                     yield position_batch(shard, start)
                     announced = True
-                await asyncio.sleep(self._poll_interval_s)
+                await self._next_look(changed)
         except RequestError as e:
             await e.abort(context)
+
+    async def _next_look(self, changed: asyncio.Event) -> None:
+        """Waits until a stream looks at its shard again: `STREAM_MIN_INTERVAL_S` from now
+        at the soonest, once `changed` is set or the recheck interval has passed."""
+        await asyncio.sleep(STREAM_MIN_INTERVAL_S)
+        if not changed.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._recheck_interval_s):
+                    await changed.wait()
 
 
 def _session_not_found(shard: int, session_id: int) -> RequestError:

@@ -143,9 +143,7 @@ class NotificationCache:
                 if applied > self._through:
                     self._extend(reader, applied)
                 if last >= self._after:
-                    # Chosen before yielding: other subscribers change the cache meanwhile.
-                    chosen = [(o, b) for o, b, _ in self._entries if last < o <= applied]
-                    for offset, batches in chosen:
+                    for offset, batches in self._entries_in(last, applied):
                         if batches is None:
                             yield from self._read(reader, offset - 1, offset)
                         else:
@@ -155,20 +153,38 @@ class NotificationCache:
             yield from self._read(reader, last, stop)
             last = stop
 
+    def _entries_in(
+        self, last: int, applied: int
+    ) -> list[tuple[int, tuple[pb.NotificationBatch, ...] | None]]:
+        """The kept entries in (`last`, `applied`], found from the newest end: a
+        subscriber that keeps up needs only the last few. Chosen before any is yielded,
+        as other subscribers change the cache meanwhile."""
+        chosen = []
+        for offset, batches, _ in reversed(self._entries):
+            if offset <= last:
+                break
+            if offset <= applied:
+                chosen.append((offset, batches))
+        chosen.reverse()
+        return chosen
+
     def _read(self, reader: ShardReader, last: int, stop: int) -> Iterator[pb.NotificationBatch]:
         for offset, timestamp_ms, changes in reader.read_changes(last, stop):
             yield from notification_batches(self._shard, offset, timestamp_ms, changes)
 
     def _extend(self, reader: ShardReader, applied: int) -> None:
+        # `_through` follows each entry kept, so that an error part way (a failed read)
+        # leaves the cache consistent: the next extension starts after the last one kept.
         for offset, timestamp_ms, changes in reader.read_changes(self._through, applied):
+            kept: tuple[pb.NotificationBatch, ...] | None = None
             if changes.num_rows <= BATCH_NOTIFICATIONS:
                 batches = tuple(notification_batches(self._shard, offset, timestamp_ms, changes))
                 if len(batches) == 1:
-                    size = batches[0].ByteSize()
-                    self._entries.append((offset, batches, size))
-                    self._bytes += size
-                    continue
-            self._entries.append((offset, None, 0))
+                    kept = batches
+            size = 0 if kept is None else kept[0].ByteSize()
+            self._entries.append((offset, kept, size))
+            self._bytes += size
+            self._through = offset
         self._through = applied
         while self._bytes > self._max_bytes or len(self._entries) > CACHE_ENTRIES:
             offset, _, size = self._entries.popleft()

@@ -173,6 +173,9 @@ class ShardHost:
         self._apply_in_flight = False
         self._closed = False
         self._staged_snapshot: tuple[LogPosition, Path] | None = None
+        #: Set, and replaced by a fresh one, at each change a client stream waits for.
+        self._changed = asyncio.Event()
+        self._signalled_role = (self.replica.role, self.replica.term)
 
     # ------------------------------------------------------------------ recovery
 
@@ -245,6 +248,16 @@ class ShardHost:
 
     def reader(self) -> ShardReader:
         return self.machine
+
+    def changes(self) -> asyncio.Event:
+        """An event set at the next change a notification or sequence stream waits for:
+        entries applied, a new role or term, the replica closed. A stream takes it before
+        it reads, so a change while it reads or sends still wakes it."""
+        return self._changed
+
+    def _signal_change(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     # ------------------------------------------------------------------ snapshots (follower)
 
@@ -357,6 +370,10 @@ class ShardHost:
             self._schedule_follower_apply()
         for request in ready.snapshots:
             self._transport.send_snapshot(self, request)
+        role = (self.replica.role, self.replica.term)
+        if role != self._signalled_role:
+            self._signalled_role = role
+            self._signal_change()
 
     def _apply_storage(self, ready: Ready) -> None:
         if ready.term is not None:
@@ -467,6 +484,8 @@ class ShardHost:
             future = self._pending.pop(entry.offset, None)
             if future is not None and not future.done() and result is not None:
                 future.set_result(result)
+        if entries:
+            self._signal_change()
 
     # ------------------------------------------------------------------ WAL retention
 
@@ -553,6 +572,7 @@ class ShardHost:
             return
         self._closed = True
         self._fail_pending()
+        self._signal_change()
         try:
             self.wal.close()
         finally:
