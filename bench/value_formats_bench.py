@@ -3,9 +3,9 @@
 A DataFrame write encodes each row's value columns into one stored value, and a read
 decodes them back; both run in Spark's Python workers for every row. This measures the
 codecs alone, on N rows, best of R runs, beside a peer that is the plain way to read
-the same values. Each format runs on a flat value (three columns) and on one with an
+the same values. Each format runs on a flat value (three columns), on one with an
 array column too, empty in a third of the rows (arrow copies those rows out one by one;
-see `arrow_values.encode`):
+see `arrow_values.encode`), and on a typed one (timestamp, decimal, binary):
 
 - json: pyarrow's JSON reader over the same bytes, one object per line (the columnar
   parse decoding starts from);
@@ -18,6 +18,7 @@ Usage: python bench/value_formats_bench.py [--rows N] [--repeats R]
 from __future__ import annotations
 
 import argparse
+import decimal
 import functools
 import io
 import time
@@ -30,6 +31,7 @@ from quorumstore.spark.datasource_values import ValueCodec, parse_schema
 
 FLAT = "name STRING, age INT, score DOUBLE"
 NESTED = FLAT + ", tags ARRAY<STRING>"
+TYPED = "at TIMESTAMP, price DECIMAL(10,2), blob BINARY"
 
 
 def best_rate(rows: int, repeats: int, run: Callable[[], object]) -> float:
@@ -68,7 +70,8 @@ def main() -> None:
     args = parser.parse_args()
     n = args.rows
     print(
-        f"value codecs: {n:,} rows, best of {args.repeats}; flat: {FLAT}; nested: + tags ARRAY<STRING>"
+        f"value codecs: {n:,} rows, best of {args.repeats}; flat: {FLAT}; "
+        f"nested: + tags ARRAY<STRING>; typed: {TYPED}"
     )
     print(
         f"{'':15}{'encode rows/s':>16}{'decode rows/s':>16}{'peer decode rows/s':>22}{'decode/peer':>13}"
@@ -78,12 +81,19 @@ def main() -> None:
         "age": list(range(n)),
         "score": [i * 0.25 for i in range(n)],
         "tags": [["a", "b"][: i % 3] for i in range(n)],
+        "at": pa.array(range(0, n * 1_000_037, 1_000_037), pa.int64()).cast(
+            pa.timestamp("us", "UTC")
+        ),
+        "price": [decimal.Decimal(i) / 100 for i in range(n)],
+        "blob": [i.to_bytes(8, "little")[: i % 9] for i in range(n)],
     }
     for fmt, shape, ddl in [
         ("json", "flat", FLAT),
         ("json", "nested", NESTED),
+        ("json", "typed", TYPED),
         ("arrow", "flat", FLAT),
         ("arrow", "nested", NESTED),
+        ("arrow", "typed", TYPED),
     ]:
         codec = ValueCodec(fmt, parse_schema(ddl))
         batch = pa.RecordBatch.from_pydict(

@@ -100,6 +100,26 @@ def _random_float(rng: random.Random) -> float | None:
     return rng.choice([*special, rng.random() * 1e6])
 
 
+def _random_bytes(rng: random.Random) -> bytes | None:
+    if rng.random() < 0.1:
+        return None
+    return bytes(rng.randrange(256) for _ in range(rng.randint(0, 8)))  # every padding
+
+
+_FIRST_US = -62135596800 * 10**6  # 0001-01-01T00:00:00, UTC
+_LAST_US = 253402300799999999  # 9999-12-31T23:59:59.999999, UTC
+
+
+def _random_timestamp(rng: random.Random, tz: datetime.timezone | None) -> datetime.datetime | None:
+    if rng.random() < 0.1:
+        return None
+    us = rng.randint(_FIRST_US, _LAST_US)
+    if rng.random() < 0.3:
+        us -= us % 10**6  # whole seconds: written without a fraction
+    moment = datetime.datetime(1970, 1, 1, tzinfo=UTC) + datetime.timedelta(microseconds=us)
+    return moment if tz is not None else moment.replace(tzinfo=None)
+
+
 def test_json_values_are_the_objects_the_json_module_writes() -> None:
     """Columns the Arrow kernels write (strings needing every escape, numbers, booleans,
     dates, lists and structs of them, with nulls at every level) beside columns written
@@ -108,7 +128,8 @@ def test_json_values_are_the_objects_the_json_module_writes() -> None:
     c = codec(
         "s STRING, n BIGINT, f DOUBLE, g FLOAT, ok BOOLEAN, d DATE, l ARRAY<STRING>, "
         "st STRUCT<x: INT, y: ARRAY<DOUBLE>>, ll ARRAY<ARRAY<TINYINT>>, b BINARY, "
-        "m MAP<STRING, INT>, dec DECIMAL(10,2)"
+        "m MAP<STRING, INT>, dec DECIMAL(10,2), ts TIMESTAMP, tn TIMESTAMP_NTZ, "
+        "big DECIMAL(38,10), mm MAP<STRING, STRUCT<b: BINARY, t: ARRAY<TIMESTAMP>>>"
     )
     rng = random.Random(3)
     rows = [
@@ -124,9 +145,25 @@ def test_json_values_are_the_objects_the_json_module_writes() -> None:
                 [None, {"x": None, "y": None}, {"x": 5, "y": [_random_float(rng), None]}]
             ),
             "ll": rng.choice([None, [[1, None], None, []]]),
-            "b": rng.choice([None, b"\x00hi"]),
-            "m": rng.choice([None, [("k", 1)]]),
-            "dec": rng.choice([None, decimal.Decimal("1.50")]),
+            "b": _random_bytes(rng),
+            "m": rng.choice(
+                [None, [], [(_random_text(rng) or "", rng.choice([None, 1, -7]))], [("k", 1)]]
+            ),
+            "dec": rng.choice(
+                [None, decimal.Decimal(rng.randint(-(10**10) + 1, 10**10 - 1)) / 100]
+            ),
+            "ts": _random_timestamp(rng, UTC),
+            "tn": _random_timestamp(rng, None),
+            "big": rng.choice(
+                [None, decimal.Decimal("1E-10"), decimal.Decimal(rng.randint(0, 10**20)) / 10**10]
+            ),
+            "mm": rng.choice(
+                [
+                    None,
+                    [("a", None)],
+                    [("b", {"b": _random_bytes(rng), "t": [_random_timestamp(rng, UTC)]})],
+                ]
+            ),
         }
         for _ in range(2000)
     ]
@@ -150,11 +187,30 @@ def test_json_columns_arrow_kernels_can_write_are_not_written_value_by_value(
         raise AssertionError(f"{array.type} written value by value")
 
     monkeypatch.setattr(json_values, "_python_text", refuse)
-    c = codec("s STRING, n INT, f DOUBLE, ok BOOLEAN, d DATE, st STRUCT<l: ARRAY<STRING>>")
-    row = {"s": 'a"b', "n": 1, "f": 2.0, "ok": True, "d": None, "st": {"l": ["x", None]}}
+    c = codec(
+        "s STRING, n INT, f DOUBLE, ok BOOLEAN, d DATE, st STRUCT<l: ARRAY<STRING>>, "
+        "ts TIMESTAMP, tn TIMESTAMP_NTZ, dec DECIMAL(5,2), b BINARY, m MAP<STRING, BINARY>"
+    )
+    row = {
+        "s": 'a"b',
+        "n": 1,
+        "f": 2.0,
+        "ok": True,
+        "d": None,
+        "st": {"l": ["x", None]},
+        "ts": datetime.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+        "tn": datetime.datetime(2024, 1, 2, 3, 4, 5),
+        "dec": decimal.Decimal("-1.50"),
+        "b": b"\x00hi",
+        "m": [("k", b"v"), ("n", None)],
+    }
     stored = c.encode(pa.RecordBatch.from_pylist([row], schema=c.arrow))
     assert stored.to_pylist() == [
-        b'{"s":"a\\"b","n":1,"f":2.0,"ok":true,"d":null,"st":{"l":["x",null]}}'
+        (
+            b'{"s":"a\\"b","n":1,"f":2.0,"ok":true,"d":null,"st":{"l":["x",null]},'
+            b'"ts":"2024-01-02T03:04:05.000006+00:00","tn":"2024-01-02T03:04:05","dec":"-1.50",'
+            b'"b":"AGhp","m":{"k":"dg==","n":null}}'
+        )
     ]
 
 
