@@ -60,7 +60,10 @@ async def _write(address: str, seconds: float) -> float:
         return await measure_throughput(put, inflight=INFLIGHT, seconds=seconds, warmup_s=1.0)
 
 
-def _run(address: str, node: psutil.Process, subscribers: int, seconds: float) -> tuple:
+def _run(
+    address: str, node: psutil.Process, subscribers: int, seconds: float
+) -> tuple[float, float, float]:
+    """(puts/s, notifications received per second, node CPU µs per put) with `subscribers`."""
     follower = subprocess.Popen(
         [sys.executable, __file__, "--follow", address, str(subscribers)],
         stdin=subprocess.PIPE,

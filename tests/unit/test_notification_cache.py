@@ -8,33 +8,25 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_change_log import Log
 
 from quorumstore.node import notifications as notifications_module
 from quorumstore.node.notifications import NotificationCache, notification_batches
-from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, make_entry
 from quorumstore.storage.kv import MemoryKv
-from quorumstore.storage.state_machine import ShardStateMachine
 from quorumstore.storage.write_batch import WriteBatchBuilder
 
 SHARD = 3
-T0 = 1_700_000_000_000
 
 
-class Shard:
-    """A replica's state machine fed one write batch per entry."""
+class Shard(Log):
+    """A replica's state machine fed one write batch per entry, in memory."""
 
     def __init__(self) -> None:
-        self.machine = ShardStateMachine(MemoryKv())
-        self.head: LogPosition = EMPTY_POSITION
+        super().__init__(MemoryKv())
 
     @property
     def applied(self) -> int:
         return self.head.offset
-
-    def apply(self, builder: WriteBatchBuilder) -> None:
-        entry = make_entry(self.head, 1, builder.build(T0 + self.head.offset + 1, None))
-        self.head = LogPosition(entry.term, entry.offset, entry.checksum)
-        self.machine.apply([entry])
 
     def apply_large_entry(self) -> None:
         """Notifications of over 1 MiB of keys: more than one batch."""
@@ -66,7 +58,7 @@ class Shard:
 def built_alone(shard: Shard, last: int, applied: int) -> list[bytes]:
     return [
         batch.SerializeToString()
-        for offset, timestamp_ms, changes in shard.machine.read_changes(last, applied)
+        for offset, timestamp_ms, changes in shard.sm.read_changes(last, applied)
         for batch in notification_batches(SHARD, offset, timestamp_ms, changes)
     ]
 
@@ -88,7 +80,7 @@ def test_every_subscriber_gets_what_it_would_have_built_alone(max_bytes: int, se
         last = subscribers[i]
         # It read the applied offset a moment ago, or now.
         applied = rng.choice([shard.applied, rng.randint(last, shard.applied)])
-        served = [b.SerializeToString() for b in cache.batches(shard.machine, last, applied)]
+        served = [b.SerializeToString() for b in cache.batches(shard.sm, last, applied)]
         assert served == built_alone(shard, last, applied), (seed, last, applied)
         subscribers[i] = applied
 
@@ -100,14 +92,14 @@ def test_subscribers_following_the_same_entries_share_one_build() -> None:
         builder = WriteBatchBuilder()
         builder.add_put(f"key/{i}", b"value")
         shard.apply(builder)
-    first = list(cache.batches(shard.machine, -1, shard.applied))
-    second = list(cache.batches(shard.machine, -1, shard.applied))
+    first = list(cache.batches(shard.sm, -1, shard.applied))
+    second = list(cache.batches(shard.sm, -1, shard.applied))
     assert len(first) == 5
     assert all(a is b for a, b in zip(first, second, strict=True))
     # A subscriber that lagged past what the cache keeps still gets everything.
     small = NotificationCache(SHARD, max_bytes=1)
-    list(small.batches(shard.machine, 2, shard.applied))
-    lagging = [b.SerializeToString() for b in small.batches(shard.machine, -1, shard.applied)]
+    list(small.batches(shard.sm, 2, shard.applied))
+    lagging = [b.SerializeToString() for b in small.batches(shard.sm, -1, shard.applied)]
     assert lagging == built_alone(shard, -1, shard.applied)
 
 
@@ -115,8 +107,8 @@ def test_a_large_entry_is_built_per_subscriber_and_never_held() -> None:
     shard = Shard()
     shard.apply_large_entry()
     cache = NotificationCache(SHARD)
-    first = list(cache.batches(shard.machine, -1, shard.applied))
-    second = list(cache.batches(shard.machine, -1, shard.applied))
+    first = list(cache.batches(shard.sm, -1, shard.applied))
+    second = list(cache.batches(shard.sm, -1, shard.applied))
     assert len(first) == 2
     assert [b.SerializeToString() for b in first] == [b.SerializeToString() for b in second]
     assert not any(a is b for a, b in zip(first, second, strict=True))
@@ -130,21 +122,19 @@ def test_a_subscriber_ahead_of_the_cache_does_not_make_it_read_the_entries_betwe
     cache = NotificationCache(SHARD)
     for _ in range(50):
         shard.apply_random_entry(rng)
-    list(cache.batches(shard.machine, -1, 5))
+    list(cache.batches(shard.sm, -1, 5))
     for _ in range(50):
         shard.apply_random_entry(rng)
     windows: list[tuple[int, int]] = []
-    read_changes = shard.machine.read_changes
+    read_changes = shard.sm.read_changes
 
     def recorded(start: int, end: int):  # type: ignore[no-untyped-def]
         windows.append((start, end))
         return read_changes(start, end)
 
-    monkeypatch.setattr(shard.machine, "read_changes", recorded)
+    monkeypatch.setattr(shard.sm, "read_changes", recorded)
     resumed_at = shard.applied - 3
-    served = [
-        b.SerializeToString() for b in cache.batches(shard.machine, resumed_at, shard.applied)
-    ]
+    served = [b.SerializeToString() for b in cache.batches(shard.sm, resumed_at, shard.applied)]
     assert windows == [(resumed_at, shard.applied)]
     assert served == built_alone(shard, resumed_at, shard.applied)
 
@@ -167,6 +157,6 @@ def test_an_error_while_extending_leaves_the_cache_consistent(
 
     monkeypatch.setattr(notifications_module, "notification_batches", fails_at_the_fourth)
     with pytest.raises(OSError):
-        list(cache.batches(shard.machine, -1, shard.applied))
-    served = [b.SerializeToString() for b in cache.batches(shard.machine, -1, shard.applied)]
+        list(cache.batches(shard.sm, -1, shard.applied))
+    served = [b.SerializeToString() for b in cache.batches(shard.sm, -1, shard.applied)]
     assert served == built_alone(shard, -1, shard.applied)

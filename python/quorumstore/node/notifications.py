@@ -139,19 +139,22 @@ class NotificationCache:
                 self._entries.clear()
                 self._bytes = 0
                 self._after = self._through = last
+            if last >= self._after and applied > self._through:
+                self._extend(reader, applied)  # may move `_after` past `last`
             if last >= self._after:
-                if applied > self._through:
-                    self._extend(reader, applied)
-                if last >= self._after:
-                    for offset, batches in self._entries_in(last, applied):
-                        if batches is None:
-                            yield from self._read(reader, offset - 1, offset)
-                        else:
-                            yield from batches
-                    return
+                yield from self._kept(reader, last, applied)
+                return
             stop = min(applied, self._after)
             yield from self._read(reader, last, stop)
             last = stop
+
+    def _kept(self, reader: ShardReader, last: int, applied: int) -> Iterator[pb.NotificationBatch]:
+        """The batches of the kept entries in (`last`, `applied`]; a large entry's read again."""
+        for offset, batches in self._entries_in(last, applied):
+            if batches is None:
+                yield from self._read(reader, offset - 1, offset)
+            else:
+                yield from batches
 
     def _entries_in(
         self, last: int, applied: int

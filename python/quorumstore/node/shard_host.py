@@ -173,8 +173,9 @@ class ShardHost:
         self._apply_in_flight = False
         self._closed = False
         self._staged_snapshot: tuple[LogPosition, Path] | None = None
-        #: Set, and replaced by a fresh one, at each change a client stream waits for.
-        self._changed = asyncio.Event()
+        #: Set at the next change a client stream waits for, then dropped; made when a
+        #: stream first asks for it, so that applies with no stream waiting make none.
+        self._changed: asyncio.Event | None = None
         self._signalled_role = (self.replica.role, self.replica.term)
 
     # ------------------------------------------------------------------ recovery
@@ -253,11 +254,14 @@ class ShardHost:
         """An event set at the next change a notification or sequence stream waits for:
         entries applied, a new role or term, the replica closed. A stream takes it before
         it reads, so a change while it reads or sends still wakes it."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
         return self._changed
 
     def _signal_change(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     # ------------------------------------------------------------------ snapshots (follower)
 

@@ -108,19 +108,25 @@ def _value_text(array: pa.Array) -> pa.Array:
         members = pc.binary_join_element_wise(
             _quoted(array.keys.cast(pa.string())), ":", _value_text(array.items), ""
         )
-        text = pc.binary_join_element_wise(
-            "{", pc.binary_join(pa.ListArray.from_arrays(array.offsets, members), ","), "}", ""
-        )
+        text = _joined_per_row(pa.ListArray, array.offsets, members, "{", "}")
     elif pa.types.is_list(t) or pa.types.is_large_list(t):
         # Null lists come out as "[]" here (their offsets span nothing); replaced below.
-        items = type(array).from_arrays(array.offsets, _value_text(array.values))
-        text = pc.binary_join_element_wise("[", pc.binary_join(items, ","), "]", "")
+        text = _joined_per_row(type(array), array.offsets, _value_text(array.values), "[", "]")
     elif pa.types.is_struct(t) and t.num_fields > 0:
         fields = array.flatten()  # each field with the struct's nulls folded in
         text = _object_text(fields, [f.name for f in t])
     else:
         return _python_text(array)
     return pc.if_else(array.is_valid(), text, "null") if array.null_count else text
+
+
+def _joined_per_row(
+    list_type: Any, offsets: pa.Array, texts: pa.Array, opening: str, closing: str
+) -> pa.Array:
+    """Per row, the `texts` its `offsets` span, joined by commas between `opening` and
+    `closing` (a list's items, a map's members)."""
+    rows = list_type.from_arrays(offsets, texts)
+    return pc.binary_join_element_wise(opening, pc.binary_join(rows, ","), closing, "")
 
 
 def _quoted(text: pa.Array) -> pa.Array:
