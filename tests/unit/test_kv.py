@@ -33,6 +33,18 @@ def test_point_reads(kv: KvStore) -> None:
     assert kv.multi_get([]) == []
 
 
+def test_multi_get_across_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RocksKv looks keys up a slice at a time: every slice, the last partial one
+    included, answers in order."""
+    monkeypatch.setattr(kv_module, "_MULTI_GET_SLICE", 3)
+    store = RocksKv(tmp_path / "db")
+    fill(store, KEYS)
+    asked = [b"nope", *reversed(KEYS), b"\x01bb", KEYS[0]]
+    assert store.multi_get(asked) == [store.get(key) for key in asked]
+    assert store.multi_get(asked)[1:3] == [b"v" + KEYS[-1], b"v" + KEYS[-2]]
+    store.close()
+
+
 def keys(items: Iterator[tuple[bytes, bytes]]) -> list[bytes]:
     return [k for k, _ in items]
 

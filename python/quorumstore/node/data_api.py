@@ -87,8 +87,8 @@ MAX_ENTRY_BYTES = 192 * 1024 * 1024
 PIECE_BYTES = 32 * 1024 * 1024
 _PIECES_IN_FLIGHT = 4
 #: Largest part of one write for one shard. Every replica applies it in one KV write,
-#: holding it in memory several times over (a 500 MB part peaked at 6.9 GB of resident
-#: memory in a standalone node, docs/dataframes.md).
+#: holding it in memory many times over (a 500 MB part of 100-byte values peaked at
+#: 7.8 GB of resident memory in a standalone node: bench/publish_bench.py).
 MAX_WRITE_BYTES = 512 * 1024 * 1024
 #: Same limits as Oxia's client API (node/client_api.py).
 MAX_KEY_BYTES = 64 * 1024
@@ -699,14 +699,17 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
                 f"of {MAX_WRITE_BYTES} bytes for one shard's part of one write; split it "
                 "into smaller writes, or spread its keys over more shards"
             )
+        row_count = rows.num_rows
         if request.validate_only:
-            return pb.WriteArrowResponse(offset=-1, rows=rows.num_rows)
+            return pb.WriteArrowResponse(offset=-1, rows=row_count)
         try:
-            if payload is not None:
-                result = await host.write(payload)
-            else:
+            if payload is None:
                 write_id = request.staged.write_id if which == "staged" else uuid.uuid4().hex
-                result = await self._write_in_pieces(host, write_id, rows, origin, replace)
+                payload = await self._replicate_pieces(host, write_id, rows, origin, replace)
+            # The payload or the replicated pieces carry the rows now: the apply of a
+            # large part must not find them held here as well.
+            del rows
+            result = await host.write(payload)
         except NotLeaderError as e:
             raise _Refused(
                 grpc.StatusCode.FAILED_PRECONDITION, f"shard {ns}/{shard}: {e}", e.leader_hint
@@ -719,19 +722,20 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
         if which == "staged":
             await self._run(self._staging.drop, request.staged.write_id, ns, shard)
         return pb.WriteArrowResponse(
-            offset=result.offset, duplicate=result.duplicate, rows=rows.num_rows
+            offset=result.offset, duplicate=result.duplicate, rows=row_count
         )
 
-    async def _write_in_pieces(
+    async def _replicate_pieces(
         self,
         host: DataShardHost,
         write_id: str,
         rows: pa.Table,
         origin: ClientSerial | None,
         replace: tuple[str, str] | None,
-    ) -> EntryResult:
-        """Replicates `rows` as pieces of about `piece_bytes`, then ONE entry publishes
-        them (storage/staging.py): a reader sees none of the rows, then all of them."""
+    ) -> bytes:
+        """Replicates `rows` as pieces of about `piece_bytes` and returns the payload of
+        the ONE entry that publishes them (storage/staging.py): a reader sees none of the
+        rows, then all of them."""
         stage = f"{write_id}/{uuid.uuid4().hex}"
         keys = rows.column("key").combine_chunks()
         values = rows.column("value").combine_chunks()
@@ -758,10 +762,8 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
         publish = WriteBatchBuilder()
         if replace is not None:
             publish.add_delete_range(*replace)
-        return await host.write(
-            publish.build(
-                self._node.now_ms(), origin, Staging(StagingKind.PUBLISH, stage, len(bounds))
-            )
+        return publish.build(
+            self._node.now_ms(), origin, Staging(StagingKind.PUBLISH, stage, len(bounds))
         )
 
     async def _discard_replicated(self, write_ids: Sequence[str] | None) -> None:

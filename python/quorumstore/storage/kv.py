@@ -333,6 +333,10 @@ class KvMemory:
         )
 
 
+#: Keys per rocksdict multi-get call (see `RocksKv.multi_get`).
+_MULTI_GET_SLICE = 16_384
+
+
 class RocksKv(_RocksReader):
     """RocksDB in raw bytes mode. Writes go to its WAL unsynced; `flush` syncs the WAL."""
 
@@ -373,9 +377,18 @@ class RocksKv(_RocksReader):
         return self._live().get(key)
 
     def multi_get(self, keys: list[bytes]) -> list[bytes | None]:
-        # rocksdict's stub types a multi-get's keys as a list of any key type (and
-        # lists are invariant) and its result as Any; in raw mode both are bytes.
-        return cast(list[bytes | None], self._live().get(cast(list[Any], keys)))
+        """Looks the keys up `_MULTI_GET_SLICE` at a time: rocksdict's multi-get holds
+        hundreds of bytes per key while it runs (+728 MiB for 1.9M keys in one call here,
+        +22 MiB in slices, which were faster too: 0.74 s against 1.30 s)."""
+        db = self._live()
+        found: list[bytes | None] = []
+        for start in range(0, len(keys), _MULTI_GET_SLICE):
+            # rocksdict's stub types a multi-get's keys as a list of any key type (and
+            # lists are invariant) and its result as Any; in raw mode both are bytes.
+            found += cast(
+                list[bytes | None], db.get(cast(list[Any], keys[start : start + _MULTI_GET_SLICE]))
+            )
+        return found
 
     def write(
         self,

@@ -36,6 +36,7 @@ from quorumstore.storage.keys import (
     decode_keys,
     encode_key,
     encode_key_list,
+    encode_keys,
     key_range,
 )
 from quorumstore.storage.kv import DEFAULT_RUN_BYTES, KvReader, KvStore
@@ -483,16 +484,16 @@ def _leading_range_deletes(batch: pa.RecordBatch) -> int | None:
     return leading if plain else None
 
 
-#: A columnar apply hands its records to the KV write this many at a time, as Python
-#: bytes: all at once, a large entry's records would be held twice more.
+#: A columnar apply makes Python bytes of its keys and records this many at a time, as
+#: the KV write consumes them: all at once, a large entry's would be held twice more.
 _ITEMS_PER_SLICE = 16_384
 
 
-def _items(keys: list[bytes], records: pa.BinaryArray) -> Iterator[tuple[bytes, bytes]]:
+def _items(keys: pa.BinaryArray, records: pa.BinaryArray) -> Iterator[tuple[bytes, bytes]]:
     """(key, record) pairs, made a slice at a time as the KV write consumes them."""
     for start in range(0, len(keys), _ITEMS_PER_SLICE):
-        stop = start + _ITEMS_PER_SLICE
-        yield from zip(keys[start:stop], records.slice(start, _ITEMS_PER_SLICE).to_pylist())
+        key_slice = keys.slice(start, _ITEMS_PER_SLICE).to_pylist()
+        yield from zip(key_slice, records.slice(start, _ITEMS_PER_SLICE).to_pylist())
 
 
 def _encoded_ranges(range_deletes: pa.RecordBatch) -> list[tuple[bytes, bytes]]:
@@ -996,16 +997,16 @@ class ShardStateMachine(ShardReader):
         self._next_version_id = next_version_id
 
     def _records_outside(
-        self, keys: list[bytes], ranges: list[tuple[bytes, bytes]]
+        self, keys: pa.BinaryArray, ranges: list[tuple[bytes, bytes]]
     ) -> list[bytes | None] | np.ndarray:
-        """The stored record of each key; None, without a lookup, for a key in one of
-        `ranges`, which the entry deletes before its puts."""
+        """The stored record of each encoded key; None, without a lookup, for a key in one
+        of `ranges`, which the entry deletes before its puts."""
         if not ranges:
-            return self._store.multi_get(keys)
-        inside = _in_ranges(pa.array(keys, pa.binary()), ranges)
+            return self._store.multi_get(keys.to_pylist())
+        inside = _in_ranges(keys, ranges)
         stored = np.full(len(keys), None, object)
         if not inside.all():
-            stored[~inside] = self._store.multi_get(np.array(keys, object)[~inside].tolist())
+            stored[~inside] = self._store.multi_get(keys.filter(pa.array(~inside)).to_pylist())
         return stored
 
     def _apply_plain_puts(
@@ -1027,8 +1028,8 @@ class ShardStateMachine(ShardReader):
         no lookup."""
         batch = entry_batch.slice(leading_ranges)
         n = batch.num_rows
-        keys = encode_key_list(batch.column("key"))
-        if len(set(keys)) != n:
+        keys = encode_keys(batch.column("key"))
+        if pc.count_distinct(keys).as_py() != n:
             return None
         ranges = _encoded_ranges(entry_batch.slice(0, leading_ranges))
         exists, old = _stored_headers(self._records_outside(keys, ranges))
@@ -1078,6 +1079,7 @@ class ShardStateMachine(ShardReader):
                 )
             )
             serial = (origin, results, previous_serial)
+        del heads  # in the records and results now; a large entry's are hundreds of MB
         int64 = pa.int64()
         changes = pa.RecordBatch.from_arrays(
             [
