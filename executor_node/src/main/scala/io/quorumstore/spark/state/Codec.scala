@@ -5,6 +5,8 @@ import java.nio.charset.StandardCharsets.UTF_8
 
 import scala.collection.mutable
 
+import com.github.luben.zstd.Zstd
+
 /** Growable byte buffer with the varint framing used by every stored record. */
 final class ByteWriter(initial: Int = 256) extends ByteArrayOutputStream(initial) {
   def varLong(v0: Long): this.type = {
@@ -20,6 +22,7 @@ final class ByteWriter(initial: Int = 256) extends ByteArrayOutputStream(initial
 
 final class ByteReader(buf: Array[Byte]) {
   private var pos = 0
+  def position: Int = pos
   def remaining: Boolean = pos < buf.length
   def byte(): Int = { val b = buf(pos) & 0xff; pos += 1; b }
   def varLong(): Long = {
@@ -53,6 +56,14 @@ final case class CommitHeader(parentUid: String, chunks: Int, entries: Long, byt
 
 object Codec {
   private val Format = 1
+  /**
+   * A data chunk stored compressed: this byte, the length of the plain chunk's body (all of
+   * it after its format byte) as a varint, then that body as one zstd frame with a content
+   * checksum, so that damaged state is refused rather than loaded.
+   */
+  private val CompressedFormat = 2
+  /** zstd's fastest level, Spark's default for its own zstd streams. */
+  private val CompressionLevel = 1
 
   def encodeHead(h: Head): Array[Byte] = new ByteWriter(128).byte(Format)
     .varLong(h.version).string(h.uid).string(h.checkpoint).toByteArray
@@ -138,7 +149,7 @@ object Codec {
     }
 
     private def emitChunk(): Unit = {
-      emit(out.toByteArray)
+      emit(compressed(out.toByteArray))
       chunkCount += 1
     }
 
@@ -150,8 +161,47 @@ object Codec {
     def finish(): Unit = if (out.size() > 1) emitChunk()
   }
 
+  /**
+   * A finished data chunk as it is stored: compressed when that makes it smaller (state rows
+   * compress several times over, and every byte stored is replicated, fsynced and read back
+   * by each load), else as it is, so that a stored chunk is never larger than `chunkBytes`.
+   */
+  private[state] def compressed(plain: Array[Byte]): Array[Byte] = {
+    val bodyLength = plain.length - 1
+    val frame = new Array[Byte](Zstd.compressBound(bodyLength.toLong).toInt)
+    val frameLength = Zstd.compressByteArray(frame, 0, frame.length, plain, 1, bodyLength,
+      CompressionLevel, true)
+    if (Zstd.isError(frameLength)) {
+      throw new IllegalStateException(
+        s"zstd could not compress a state chunk: ${Zstd.getErrorName(frameLength)}")
+    }
+    val head = new ByteWriter(16).byte(CompressedFormat).varLong(bodyLength)
+    if (head.size() + frameLength >= plain.length) plain
+    else {
+      head.write(frame, 0, frameLength.toInt)
+      head.toByteArray
+    }
+  }
+
+  /** A reader of a stored data chunk's entries, decompressing a compressed chunk first. */
+  private def chunkReader(chunk: Array[Byte]): ByteReader =
+    if (chunk.isEmpty || (chunk(0) & 0xff) != CompressedFormat) reader(chunk, "data chunk")
+    else {
+      val head = new ByteReader(chunk)
+      head.byte()
+      val bodyLength = head.varLong().toInt
+      val body = new Array[Byte](bodyLength)
+      val n = Zstd.decompressByteArray(body, 0, bodyLength, chunk, head.position,
+        chunk.length - head.position)
+      if (Zstd.isError(n) || n != bodyLength) {
+        throw new IllegalStateException(s"corrupt compressed data chunk: " +
+          (if (Zstd.isError(n)) Zstd.getErrorName(n) else s"$n bytes, not $bodyLength"))
+      }
+      new ByteReader(body)
+    }
+
   def readChunk(chunk: Array[Byte], sink: Sink): Unit = {
-    val r = reader(chunk, "data chunk")
+    val r = chunkReader(chunk)
     val families = mutable.ArrayBuffer.empty[String]
     while (r.remaining) {
       r.byte() match {
