@@ -164,7 +164,7 @@ object Codec {
   /**
    * A finished data chunk as it is stored: compressed when that makes it smaller (state rows
    * compress several times over, and every byte stored is replicated, fsynced and read back
-   * by each load), else as it is, so that a stored chunk is never larger than `chunkBytes`.
+   * by each load), else as it is, so that a stored chunk is never larger than the chunk written.
    */
   private[state] def compressed(plain: Array[Byte]): Array[Byte] = {
     val bodyLength = plain.length - 1
@@ -194,8 +194,9 @@ object Codec {
       val n = Zstd.decompressByteArray(body, 0, bodyLength, chunk, head.position,
         chunk.length - head.position)
       if (Zstd.isError(n) || n != bodyLength) {
-        throw new IllegalStateException(s"corrupt compressed data chunk: " +
-          (if (Zstd.isError(n)) Zstd.getErrorName(n) else s"$n bytes, not $bodyLength"))
+        throw new IllegalStateException("corrupt compressed state chunk (" +
+          (if (Zstd.isError(n)) s"zstd: ${Zstd.getErrorName(n)}" else s"$n bytes, not $bodyLength") +
+          "): the state stored in quorumstore is damaged and this version cannot be loaded")
       }
       new ByteReader(body)
     }
