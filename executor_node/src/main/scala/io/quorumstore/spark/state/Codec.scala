@@ -166,7 +166,7 @@ object Codec {
    * compress several times over, and every byte stored is replicated, fsynced and read back
    * by each load), else as it is, so that a stored chunk is never larger than the chunk written.
    */
-  private[state] def compressed(plain: Array[Byte]): Array[Byte] = {
+  private def compressed(plain: Array[Byte]): Array[Byte] = {
     val bodyLength = plain.length - 1
     val frame = new Array[Byte](Zstd.compressBound(bodyLength.toLong).toInt)
     val frameLength = Zstd.compressByteArray(frame, 0, frame.length, plain, 1, bodyLength,
