@@ -22,6 +22,7 @@ from quorumstore.protocol.messages import (
     NewTerm,
     Outbound,
     SendSnapshot,
+    ShardKey,
 )
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, Role, make_entry
@@ -40,6 +41,9 @@ class RecordingTransport:
 
     def send_snapshot(self, sender: ShardHost, request: SendSnapshot) -> None:
         raise AssertionError(f"no snapshot expected, got {request}")
+
+    def acks_in_transit(self, shard: ShardKey) -> bool:
+        return False  # written as they are sent
 
 
 def _put(key: str) -> bytes:
@@ -178,6 +182,62 @@ def test_a_follower_keeps_applying_while_appends_stream_in(tmp_path: Path) -> No
                 assert host.wal.head.offset == entries - 1
                 # While the stream ran, each Ack found all but the last two entries applied.
                 assert transport.applied_at_ack[-1] >= entries - 3, transport.applied_at_ack
+            finally:
+                host.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_follower_applies_only_once_its_acks_are_written_or_a_tick_passes(
+    tmp_path: Path,
+) -> None:
+    """gRPC writes a sent Ack on later turns of the loop; an apply run before then held
+    the Ack, so the leader waited for the follower's apply on every write (3 ms of a
+    64-put write's 14 ms here). The apply waits until the transport wrote the Acks, and
+    a stalled stream holds it back for at most a tick."""
+
+    class SlowStream(RecordingTransport):
+        """Keeps every Ack in transit until the test writes them."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.unwritten = 0
+
+        def send(self, sender: ShardHost, out: Outbound) -> None:
+            super().send(sender, out)
+            if isinstance(out.message, Ack):
+                self.unwritten += 1
+
+        def acks_in_transit(self, shard: ShardKey) -> bool:
+            return self.unwritten > 0
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as io:
+            transport = SlowStream()
+            host = ShardHost("b", SHARD, tmp_path / "b", transport, io, on_failure=_no_failure)
+            try:
+                host.step(NewTerm(SHARD, 1))
+                head = EMPTY_POSITION
+                for offset in range(3):  # each Append commits the entry before it
+                    entry = make_entry(head, 1, _put(f"/k{offset}"))
+                    host.step(Append(SHARD, 1, "a", head, (entry,), offset - 1))
+                    head = LogPosition(entry.term, entry.offset, entry.checksum)
+                    await _settle(host)
+                assert transport.unwritten == 3
+                assert host.machine.applied_position.offset == -1, "applied before its Acks left"
+
+                transport.unwritten = 0
+                host.acks_written()
+                await _settle(host)
+                assert host.machine.applied_position.offset == 1
+
+                entry = make_entry(head, 1, _put("/k3"))
+                host.step(Append(SHARD, 1, "a", head, (entry,), head.offset))
+                await _settle(host)
+                assert transport.unwritten == 1
+                assert host.machine.applied_position.offset == 1
+                host.tick()
+                assert host.machine.applied_position.offset == 2, "a tick did not apply"
             finally:
                 host.close()
 

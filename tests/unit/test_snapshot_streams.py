@@ -42,6 +42,9 @@ class _NoTransport:
     def send_snapshot(self, sender: ShardHost, request: SendSnapshot) -> None:
         raise AssertionError("the test sends snapshots itself")
 
+    def acks_in_transit(self, shard: ShardKey) -> bool:
+        return False  # written as they are sent
+
 
 class PacedFollower(pb_grpc.ReplicationServicer):
     """Takes one chunk per `pause_s`, or none after the first with `stall`."""

@@ -416,14 +416,23 @@ class _Replication(pb_grpc.ReplicationServicer):
                 queue.put_nowait(None)
 
         reader = asyncio.get_running_loop().create_task(read())
+        transport = self.node.transport
+        unwritten: list[pb.Ack] = []
         try:
             while (item := await queue.get()) is not None:
-                yield item
+                unwritten.append(item)
+                yield item  # resumed once gRPC wrote it
+                unwritten.clear()
+                transport.acks_written((item,))
         finally:
             reader.cancel()
             for key in keys:
                 if inbound.get(key) is queue:
                     del inbound[key]
+            while not queue.empty():
+                if (left := queue.get_nowait()) is not None:
+                    unwritten.append(left)
+            transport.acks_written(unwritten)
 
     async def Truncate(
         self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext

@@ -110,6 +110,11 @@ class Transport(Protocol):
 
     def send_snapshot(self, sender: ShardHost, request: SendSnapshot) -> None: ...
 
+    def acks_in_transit(self, shard: ShardKey) -> bool:
+        """Whether Acks of `shard` were sent but are not written to their stream yet; the
+        transport calls the host's `acks_written` once they are."""
+        ...
+
 
 class ShardHost:
     def __init__(
@@ -168,6 +173,7 @@ class ShardHost:
         self._processing_scheduled = False
         self._follower_apply_scheduled = False
         self._synced_since_apply = False
+        self._acks_written_since_apply = False
         #: Held by the worker thread while it applies (see `_apply_committed`).
         self._apply_lock = threading.Lock()
         self._apply_in_flight = False
@@ -228,6 +234,9 @@ class ShardHost:
             return
         self.replica.tick()
         self._process()
+        if self.replica.role is not Role.LEADER:
+            # At least once a tick, whatever is in flight (see `_follower_apply`).
+            self._apply_committed(self.replica.commit_offset)
         self._maybe_trim()
 
     async def write(self, payload: bytes) -> EntryResult:
@@ -338,19 +347,34 @@ class ShardHost:
     def _follower_apply(self) -> None:
         """A follower applies on a later turn of the loop, once its Acks are out.
 
-        Its Acks are what the leader waits for, and an apply (about a millisecond for 64
-        puts) run while an fsync is in flight would hold the fsync's completion, and so
-        the Ack, until it ends. `_sync_done` sends the Acks and then schedules this
-        again. Once per completed fsync it applies even if the next fsync is already in
-        flight: under a steady stream of Appends there is always one, and the follower
-        must not fall ever further behind. The leader, whose clients wait on the apply
+        Its Acks are what the leader waits for, and an apply (milliseconds for 64 puts
+        on a busy node) holds the event loop. Run while an fsync is in flight, it would
+        hold the fsync's completion, and so the Ack; run while a sent Ack is not yet
+        written to its stream (gRPC writes it on later turns of the loop), it would hold
+        the Ack itself: the leader then waited for the follower's apply on every write.
+        `_sync_done` and `acks_written` schedule this again. Once per completed fsync
+        and once per written batch of Acks it applies even if another is in flight:
+        under a steady stream of Appends there always is one, and the follower must not
+        fall ever further behind; `tick` applies regardless, so a stalled stream holds
+        the apply for at most a tick. The leader, whose clients wait on the apply
         itself, applies at once.
         """
         self._follower_apply_scheduled = False
         if self._closed or (self._sync_in_flight and not self._synced_since_apply):
             return  # `_sync_done` schedules it again
+        if self._transport.acks_in_transit(self.shard) and not self._acks_written_since_apply:
+            return  # `acks_written` schedules it again
         self._synced_since_apply = False
+        self._acks_written_since_apply = False
         self._apply_committed(self.replica.commit_offset)
+
+    def acks_written(self) -> None:
+        """The transport wrote the Acks this replica sent (or dropped them with their
+        stream): an apply held back for them may run."""
+        if self._closed or self.replica.role is Role.LEADER:
+            return
+        self._acks_written_since_apply = True
+        self._schedule_follower_apply()
 
     def _process(self) -> None:
         if self._pending and not (

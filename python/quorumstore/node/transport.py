@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -127,6 +127,8 @@ class NodeTransport:
         self._streams: dict[tuple[ShardKey, str], _ReplicateStream] = {}
         #: follower side: (shard, leader) -> the response queue of that leader's stream
         self.inbound: dict[tuple[ShardKey, str], asyncio.Queue[pb.Ack | None]] = {}
+        #: follower side: Acks queued on a stream and not yet written, by shard
+        self._acks_in_transit: Counter[ShardKey] = Counter()
         self._waiters: dict[tuple[type, ShardKey, str], list[asyncio.Future[Any]]] = defaultdict(
             list
         )
@@ -183,12 +185,30 @@ class NodeTransport:
             queue = self.inbound.get((shard, out.to))
             if queue is not None:
                 queue.put_nowait(wire.ack_to_pb(msg))
+                self._acks_in_transit[shard] += 1
         elif isinstance(msg, Truncate):
             self._spawn(self._truncate(shard, out.to, msg))
         elif isinstance(msg, TruncateResponse):
             self._complete(TruncateResponse, shard, out.to, msg)
         else:
             raise TypeError(f"no route for {type(msg).__name__} to {out.to}")
+
+    def acks_in_transit(self, shard: ShardKey) -> bool:
+        return self._acks_in_transit[shard] > 0
+
+    def acks_written(self, acks: Iterable[pb.Ack]) -> None:
+        """`acks` left their stream's queue for good: written, or dropped with the stream.
+        A host none are left in transit for may apply (`ShardHost._follower_apply`)."""
+        for ack in acks:
+            shard = (ack.namespace, ack.shard)
+            left = self._acks_in_transit[shard] - 1
+            if left > 0:
+                self._acks_in_transit[shard] = left
+                continue
+            del self._acks_in_transit[shard]
+            host = self.node.hosts.get(shard)
+            if host is not None:
+                host.acks_written()
 
     async def _truncate(self, shard: ShardKey, follower: str, msg: Truncate) -> None:
         stub = pb_grpc.ReplicationStub(self.channel(follower))
