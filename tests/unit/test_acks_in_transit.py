@@ -1,6 +1,9 @@
-"""A follower node counts the Acks it queued on a real Replicate stream until gRPC wrote
-them: its apply waits for that count (see `ShardHost._follower_apply`), so a count that
-never went down would leave the follower applying only once a tick."""
+"""Nodes count the messages they queued on real Replicate streams until gRPC wrote them.
+
+A follower's apply waits for its Acks to be written (see `ShardHost._follower_apply`),
+so a count that never went down would leave it applying only once a tick. A leader
+prepares the apply of its waiting entry once its Appends are written (see
+`ShardHost.appends_written`), so a count that never went down would prepare nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import pytest
 
 from quorumstore import wire
 from quorumstore.node.data_format import REPLICATION_METADATA
@@ -16,7 +20,8 @@ from quorumstore.node.node import Node, NodeConfig
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import Append
-from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, make_entry
+from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
+from quorumstore.storage.state_machine import EntryResult, ShardStateMachine
 from quorumstore.storage.write_batch import WriteBatchBuilder
 
 SHARD = ("default", 0)
@@ -74,3 +79,52 @@ async def _scenario(data_dir: Path) -> None:
 
 def test_acks_read_by_the_leader_are_no_longer_in_transit(tmp_path: Path) -> None:
     asyncio.run(_scenario(tmp_path))
+
+
+async def _leader_scenario(data_dir: Path, writes: int) -> None:
+    leader = Node(NodeConfig(data_dir / "a", port=0))
+    follower = Node(NodeConfig(data_dir / "b", port=0))
+    nodes = [await leader.start(), await follower.start()]
+    try:
+        for address in nodes:
+            async with grpc.aio.insecure_channel(address) as channel:
+                await pb_grpc.NodeControlStub(channel).NewTerm(
+                    pb.NewTermRequest(namespace=SHARD[0], shard=SHARD[1], term=1), timeout=10
+                )
+        async with grpc.aio.insecure_channel(nodes[0]) as channel:
+            await pb_grpc.NodeControlStub(channel).BecomeLeader(
+                pb.BecomeLeaderRequest(
+                    namespace=SHARD[0],
+                    shard=SHARD[1],
+                    term=1,
+                    replication_factor=2,  # each write commits on the follower's Ack
+                    follower_map={nodes[1]: wire.position_to_pb(EMPTY_POSITION)},
+                ),
+                timeout=10,
+            )
+        host = leader.hosts[SHARD]
+        for i in range(writes):
+            result = await asyncio.wait_for(host.write(_put(f"/k{i}")), 10)
+            assert result.results and result.results[0].version is not None
+    finally:
+        await follower.stop()
+        await leader.stop()
+
+
+def test_a_leader_prepares_while_its_appends_wait_for_acks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each write of one at a time: its Appends are written long before the follower's
+    fsync ends and its Ack arrives, so most writes are answered from a prepared apply."""
+    from_prepared: list[bool] = []
+    apply_prepared = ShardStateMachine._apply_prepared
+
+    def noted(self: ShardStateMachine, entry: LogEntry) -> EntryResult | None:
+        result = apply_prepared(self, entry)
+        from_prepared.append(result is not None)
+        return result
+
+    monkeypatch.setattr(ShardStateMachine, "_apply_prepared", noted)
+    writes = 20
+    asyncio.run(_leader_scenario(tmp_path, writes))
+    assert from_prepared.count(True) >= writes // 2, from_prepared

@@ -17,6 +17,7 @@ from quorumstore.node.failures import ReplicaFailure
 from quorumstore.node.shard_host import ShardHost
 from quorumstore.protocol.messages import (
     Ack,
+    AckStatus,
     Append,
     BecomeLeader,
     NewTerm,
@@ -26,7 +27,7 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, Role, make_entry
-from quorumstore.storage.state_machine import EntryResult
+from quorumstore.storage.state_machine import EntryResult, ShardStateMachine, Status
 from quorumstore.storage.write_batch import WriteBatchBuilder, puts_batch
 
 SHARD = ("default", 0)
@@ -238,6 +239,62 @@ def test_a_follower_applies_only_once_its_acks_are_written_or_a_tick_passes(
                 assert host.machine.applied_position.offset == 1
                 host.tick()
                 assert host.machine.applied_position.offset == 2, "a tick did not apply"
+            finally:
+                host.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_prepares_its_waiting_entry_once_its_appends_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a leader waits for the Acks of its one unapplied entry, it computes the
+    entry's apply (`ShardStateMachine.prepare`), so the commit only writes it: the
+    write is answered from the prepared apply, which runs the apply once, not twice.
+    With two entries waiting nothing is prepared."""
+    computed: list[int] = []
+    apply_entry = ShardStateMachine._apply_entry
+
+    def counted(self: ShardStateMachine, entry: LogEntry) -> EntryResult:
+        computed.append(entry.offset)
+        return apply_entry(self, entry)
+
+    monkeypatch.setattr(ShardStateMachine, "_apply_entry", counted)
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as io:
+            host = ShardHost(
+                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
+            )
+            try:
+                host.step(NewTerm(SHARD, 1))
+                host.step(BecomeLeader(SHARD, 1, 3, {"b": EMPTY_POSITION, "c": EMPTY_POSITION}))
+                noop = host.wal.head
+                host.step(Ack(SHARD, 1, "b", AckStatus.OK, noop.offset, noop))
+                await _settle(host)
+                assert host.machine.applied_position == noop
+
+                write = asyncio.ensure_future(host.write(_put("/prepared")))
+                await _settle(host)
+                offset = host.wal.head.offset
+                host.appends_written()
+                assert computed[-1] == offset, "the waiting entry was not prepared"
+                computed.clear()
+                head = host.wal.head
+                host.step(Ack(SHARD, 1, "b", AckStatus.OK, head.offset, head))
+                result = await asyncio.wait_for(write, 5)
+                assert computed == [], "the commit computed the apply again"
+                assert [r.status for r in result.results] == [Status.OK]
+                assert host.machine.get("/prepared") is not None
+
+                writes = [asyncio.ensure_future(host.write(_put(f"/k{i}"))) for i in range(2)]
+                await _settle(host)
+                host.appends_written()
+                assert computed == [], "prepared with two entries waiting"
+                head = host.wal.head
+                host.step(Ack(SHARD, 1, "b", AckStatus.OK, head.offset, head))
+                await asyncio.wait_for(asyncio.gather(*writes), 5)
+                assert len(computed) == 2
             finally:
                 host.close()
 

@@ -39,6 +39,8 @@ from quorumstore.storage.write_batch import (
     VERSION_ID_NOT_EXISTS,
     ClientSerial,
     Op,
+    Staging,
+    StagingKind,
     WriteBatchBuilder,
     batch_timestamp_ms,
     decode_batch,
@@ -857,3 +859,112 @@ def test_columnar_apply_equals_the_loop(
         (r.status, r.version and r.version._replace(value=b"")) for r in results["loop"].results
     ]
     assert duplicate.results[:2] == [OpResult(Status.OK)] * 2
+
+
+# --- prepared applies ---------------------------------------------------------------
+
+
+def _mixed_entry(
+    rng: random.Random, e: int, versions: dict[str, int]
+) -> tuple[bytes, list[str] | None]:
+    """Plain-put entries (column by column, or left to the loop) with the key of each op,
+    and small mixed ones, exactly-once, some repeating the last serial (a retry) or an
+    older one."""
+    if e % 3 == 0:
+        builder, origin, keys = _plain_put_entry(rng, e, versions)
+        return builder.build(1_000 + e, origin), keys
+    [small] = random_log(rng.randrange(10**6), 1)
+    serial = max(0, rng.choice([e, e, e, e - 1, e - 3]))
+    return _reoriginated(small.payload, 1_000 + e, ClientSerial("writer", serial)), None
+
+
+def _reoriginated(payload: bytes, timestamp_ms: int, origin: ClientSerial) -> bytes:
+    batch = decode_batch(payload)
+    builder = WriteBatchBuilder()
+    for row in batch.to_pylist():
+        if row["op"] == Op.PUT.value:
+            builder.add_put(row["key"], row["value"], row["expected_version_id"])
+        elif row["op"] == Op.DELETE.value:
+            builder.add_delete(row["key"], row["expected_version_id"])
+        else:
+            builder.add_delete_range(row["key"], row["end_key"] or "")
+    return builder.build(timestamp_ms, origin)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_a_prepared_apply_equals_the_apply_proper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """`prepare` computes an entry's apply without making it; the apply then writes what
+    was computed. Every result and the whole KV (internal keys too) must be what the
+    apply proper makes, and preparing must change nothing."""
+    monkeypatch.setattr(state_machine, "_COLUMNAR_MIN_OPS", 16)
+    proper = ShardStateMachine(RocksKv(tmp_path / "proper"))
+    prepared = ShardStateMachine(RocksKv(tmp_path / "prepared"))
+    rng = random.Random(seed)
+    versions: dict[str, int] = {}
+    head = EMPTY_POSITION
+    duplicates = 0
+    for e in range(60):
+        payload, keys = _mixed_entry(rng, e, versions)
+        entry = make_entry(head, 1, payload)
+        head = position_of(entry)
+        [expected] = proper.apply([entry])
+        before = list(prepared._store.scan(b"", None))
+        counter = prepared.next_version_id
+        assert prepared.prepare(entry)
+        assert list(prepared._store.scan(b"", None)) == before, "preparing wrote to the KV"
+        assert (prepared.applied_position.offset, prepared.next_version_id) == (
+            entry.offset - 1,
+            counter,
+        ), "preparing moved the applied position or the version counter"
+        [result] = prepared.apply([entry])
+        assert result == expected
+        assert expected is not None
+        duplicates += expected.duplicate
+        for key, op in zip(keys or (), expected.results):
+            if op.version is not None:
+                versions[key] = op.version.version_id
+        for key in [k for k in versions if proper.get(k) is None]:
+            del versions[key]
+        assert prepared.next_version_id == proper.next_version_id
+    assert list(prepared._store.scan(b"", None)) == list(proper._store.scan(b"", None))
+    assert prepared.applied_position == proper.applied_position == head
+    assert duplicates >= 5
+
+
+def test_a_prepared_apply_is_dropped_when_another_entry_takes_its_offset(
+    tmp_path: Path,
+) -> None:
+    """A deposed leader prepared its entry; the next leader's entry at the same offset
+    is applied instead, as if nothing had been prepared."""
+    shard = Shard(RocksKv(tmp_path / "kv"))
+    shard.apply(puts(("a", b"1")))
+    base = shard.head
+    ours = make_entry(base, 1, puts(("a", b"ours"), ("b", b"ours")).build(2_000))
+    theirs = make_entry(base, 2, puts(("a", b"theirs")).build(3_000))
+    assert shard.sm.prepare(ours)
+    assert not shard.sm.prepare(make_entry(position_of(ours), 1, puts(("c", b"x")).build(4_000)))
+    assert shard.sm.prepare(ours)
+    [result] = shard.sm.apply([theirs])
+    assert result is not None and result.offset == theirs.offset
+    assert shard.sm.applied_position == position_of(theirs)
+    assert shard.sm.get("a") == Record(b"theirs", 1, 1, 1_000, 3_000)
+    assert shard.sm.get("b") is None
+    # Used up: applying its own entry later (at the next offset, say) computes afresh.
+    assert shard.sm.prepare(make_entry(position_of(theirs), 2, puts(("b", b"2")).build(5_000)))
+    other = make_entry(position_of(theirs), 2, puts(("b", b"other")).build(6_000))
+    shard.sm.apply([other])
+    assert shard.sm.get("b") is not None and shard.sm.get("b").value == b"other"  # type: ignore[union-attr]
+
+
+def test_an_entry_of_a_staged_write_is_not_prepared(tmp_path: Path) -> None:
+    """A publishing entry reads all its write's pieces; that stays with the apply proper."""
+    sm = ShardStateMachine(RocksKv(tmp_path / "kv"))
+    piece = puts_batch(
+        pa.array(["k"]), pa.array([b"v"], pa.binary()), 1_000,
+        staging=Staging(StagingKind.PIECE, "w", 0),
+    )  # fmt: skip
+    entry = make_entry(EMPTY_POSITION, 1, piece)
+    assert not sm.prepare(entry)
+    assert sm.apply([entry])[0] is not None

@@ -368,6 +368,21 @@ class ShardHost:
         self._acks_written_since_apply = False
         self._apply_committed(self.replica.commit_offset)
 
+    @_stops_on_failure
+    def appends_written(self) -> None:
+        """The transport wrote every Append this replica sent. A leader waiting for the
+        Acks of its one unapplied entry prepares that entry's apply meanwhile (see
+        `ShardStateMachine.prepare`): the apply, milliseconds for 64 puts, then leaves
+        its clients' wait. Not before the Appends are written: it would hold them."""
+        if self._closed or self.replica.role is not Role.LEADER or self._apply_in_flight:
+            return
+        applied = self.machine.applied_position.offset
+        if self.wal.head.offset != applied + 1 or self.replica.commit_offset > applied:
+            return  # several entries wait (it applies them as they commit), or none
+        [entry] = self.wal.read(applied + 1, 1, _APPLY_CHUNK_BYTES)
+        if len(entry.payload) < _APPLY_OFF_LOOP_BYTES:
+            self.machine.prepare(entry)
+
     def acks_written(self) -> None:
         """The transport wrote the Acks this replica sent (or dropped them with their
         stream): an apply held back for them may run."""

@@ -95,6 +95,8 @@ class _ReplicateStream:
 
     def __init__(self, transport: NodeTransport, shard: ShardKey, follower: str):
         self.queue: asyncio.Queue[pb.Append | None] = asyncio.Queue()
+        #: Appends queued and not yet written by gRPC (`NodeTransport.append_written`).
+        self.unwritten = 0
         self._transport = transport
         self._shard = shard
         self._follower = follower
@@ -105,7 +107,9 @@ class _ReplicateStream:
             item = await self.queue.get()
             if item is None:
                 return
-            yield item
+            yield item  # resumed once gRPC wrote it
+            self.unwritten -= 1
+            self._transport.append_written(self._shard)
 
     async def _run(self) -> None:
         stub = pb_grpc.ReplicationStub(self._transport.channel(self._follower))
@@ -181,6 +185,7 @@ class NodeTransport:
                 stream = _ReplicateStream(self, shard, out.to)
                 self._streams[(shard, out.to)] = stream
             stream.queue.put_nowait(wire.append_to_pb(msg))
+            stream.unwritten += 1
         elif isinstance(msg, Ack):
             queue = self.inbound.get((shard, out.to))
             if queue is not None:
@@ -192,6 +197,16 @@ class NodeTransport:
             self._complete(TruncateResponse, shard, out.to, msg)
         else:
             raise TypeError(f"no route for {type(msg).__name__} to {out.to}")
+
+    def append_written(self, shard: ShardKey) -> None:
+        """gRPC wrote an Append of `shard`; once every stream of the shard wrote all it
+        was given, its leader may use the wait for Acks (`ShardHost.appends_written`).
+        A stream that ended no longer counts."""
+        if any(s.unwritten for (of, _), s in self._streams.items() if of == shard):
+            return
+        host = self.node.hosts.get(shard)
+        if host is not None:
+            host.appends_written()
 
     def acks_in_transit(self, shard: ShardKey) -> bool:
         return self._acks_in_transit[shard] > 0

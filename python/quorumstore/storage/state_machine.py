@@ -40,7 +40,7 @@ from quorumstore.storage.keys import (
     encode_keys,
     key_range,
 )
-from quorumstore.storage.kv import DEFAULT_RUN_BYTES, KvReader, KvStore
+from quorumstore.storage.kv import DEFAULT_RUN_BYTES, Item, KvReader, KvStore
 from quorumstore.storage.overlay import InternalOverlay
 from quorumstore.storage.serials import decode_serial_record, serial_changes, serial_key
 from quorumstore.storage.write_batch import (
@@ -157,6 +157,26 @@ class EntryResult:
     duplicate: bool = False
     #: Why a publish changed nothing (its pieces were discarded first); else None.
     refused: str | None = None
+
+
+#: One atomic KV write: puts, deletes, delete ranges.
+_KvWrite = tuple[Iterable[Item], list[bytes], list[tuple[bytes, bytes]]]
+
+
+class _Prepared(NamedTuple):
+    """An entry's apply computed ahead of its commit (`ShardStateMachine.prepare`)."""
+
+    #: The applied position it was computed on.
+    base: LogPosition
+    #: The entry's own position.
+    position: LogPosition
+    write: _KvWrite
+    next_version_id: int
+    result: EntryResult | None
+
+
+class _NotPrepared(Exception):
+    """An entry `ShardStateMachine.prepare` leaves to the apply proper."""
 
 
 _RESULT = struct.Struct("<BBI")  # status, flags, record length
@@ -699,6 +719,10 @@ class ShardStateMachine(ShardReader):
         self._store = kv
         self._applied = read_applied_position(kv)
         self._next_version_id = read_next_version_id(kv)
+        #: The next entry's apply, computed ahead of its commit (`prepare`).
+        self._prepared: _Prepared | None = None
+        #: While `prepare` runs: where the apply's KV write goes instead of the KV.
+        self._capture: list[_Prepared] | None = None
 
     @property
     def applied_position(self) -> LogPosition:
@@ -728,7 +752,8 @@ class ShardStateMachine(ShardReader):
                     )
                 results.append(None)
             elif entry.offset == applied.offset + 1:
-                results.append(self._apply_entry(entry))
+                prepared = self._apply_prepared(entry)
+                results.append(self._apply_entry(entry) if prepared is None else prepared)
             else:
                 raise LogGapError(
                     f"cannot apply entry at offset {entry.offset}: last applied offset is "
@@ -736,11 +761,70 @@ class ShardStateMachine(ShardReader):
                 )
         return results
 
+    def prepare(self, entry: LogEntry) -> bool:
+        """Computes the apply of `entry`, the next entry to apply, without making it, so
+        that applying it later only writes the KV batch computed now.
+
+        A leader prepares the entry it waits on a quorum for: its loop is idle then, and
+        the apply (milliseconds for 64 puts) leaves its clients' wait. The apply's
+        outcome depends only on the KV and the entry, so `apply` uses the prepared one
+        if the entry at that offset is the same (term, offset and chain checksum) and
+        nothing was applied since; otherwise, or at the next apply of any entry, it is
+        dropped. False, preparing nothing, for an entry that is not the next one, one of
+        a staged write (a publish reads all its pieces), or one whose apply fails (the
+        apply proper raises the error then).
+        """
+        self._prepared = None
+        if entry.offset != self._applied.offset + 1:
+            return False
+        captured: list[_Prepared] = []
+        self._capture = captured
+        try:
+            result = self._apply_entry(entry)
+            (prepared,) = captured  # every apply makes one KV write
+        except Exception:  # noqa: BLE001 - the apply proper meets the same error
+            return False
+        finally:
+            self._capture = None
+        self._prepared = prepared._replace(result=result)
+        return True
+
+    def _apply_prepared(self, entry: LogEntry) -> EntryResult | None:
+        """Applies `entry` by writing its prepared KV batch, if it is the entry prepared
+        on the current state; None otherwise. The prepared apply is used up either way."""
+        prepared, self._prepared = self._prepared, None
+        if (
+            prepared is None
+            or prepared.base != self._applied
+            or prepared.position != LogPosition(entry.term, entry.offset, entry.checksum)
+        ):
+            return None
+        self._commit(prepared.write, prepared.position, prepared.next_version_id)
+        return prepared.result
+
+    def _commit(self, write: _KvWrite, position: LogPosition, next_version_id: int) -> None:
+        """Makes an entry's KV write (the applied position among its puts) and moves the
+        applied position and version counter with it; while `prepare` runs, only notes
+        them."""
+        if self._capture is not None:
+            puts, deletes, ranges = write
+            self._capture.append(
+                _Prepared(
+                    self._applied, position, (list(puts), deletes, ranges), next_version_id, None
+                )
+            )
+            return
+        self._store.write(*write)
+        self._applied = position
+        self._next_version_id = next_version_id
+
     def _apply_entry(self, entry: LogEntry) -> EntryResult:
         batch = decode_batch(entry.payload)
         now = batch_timestamp_ms(batch)
         position = LogPosition(entry.term, entry.offset, entry.checksum)
         stage = batch_staging(batch)
+        if stage is not None and self._capture is not None:
+            raise _NotPrepared(f"entry {entry.offset} is part of staged write {stage.name}")
         # A publish's pieces go in its own KV write, whatever the outcome.
         drop = None
         if stage is not None:
@@ -944,8 +1028,11 @@ class ShardStateMachine(ShardReader):
 
     def _consume_offset(self, position: LogPosition, drop: tuple[bytes, bytes] | None) -> None:
         """Records `position` as applied, changing nothing else but dropping `drop`'s range."""
-        self._store.write([(APPLIED_KEY, _pack_position(position))], [], [drop] if drop else [])
-        self._applied = position
+        self._commit(
+            ([(APPLIED_KEY, _pack_position(position))], [], [drop] if drop else []),
+            position,
+            self._next_version_id,
+        )
 
     def _apply_staging(
         self, entry: LogEntry, now: int, position: LogPosition, stage: Staging
@@ -997,9 +1084,7 @@ class ShardStateMachine(ShardReader):
         )
         more_puts.extend(change_puts)
         deletes.extend(change_deletes)
-        self._store.write(itertools.chain(puts, more_puts), deletes, ranges)
-        self._applied = position
-        self._next_version_id = next_version_id
+        self._commit((itertools.chain(puts, more_puts), deletes, ranges), position, next_version_id)
 
     def _records_outside(
         self, keys: pa.BinaryArray, ranges: list[tuple[bytes, bytes]]
