@@ -946,6 +946,7 @@ def test_a_prepared_apply_is_dropped_when_another_entry_takes_its_offset(
     assert shard.sm.prepare(ours)
     assert not shard.sm.prepare(make_entry(position_of(ours), 1, puts(("c", b"x")).build(4_000)))
     assert shard.sm.prepare(ours)
+    assert shard.sm.prepare(ours)  # again: nothing to do
     [result] = shard.sm.apply([theirs])
     assert result is not None and result.offset == theirs.offset
     assert shard.sm.applied_position == position_of(theirs)
@@ -968,3 +969,25 @@ def test_an_entry_of_a_staged_write_is_not_prepared(tmp_path: Path) -> None:
     entry = make_entry(EMPTY_POSITION, 1, piece)
     assert not sm.prepare(entry)
     assert sm.apply([entry])[0] is not None
+
+
+def test_preparing_the_prepared_entry_again_computes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader whose Acks are late sends the entry again (retransmission, heartbeats);
+    each written Append asks to prepare it, and only the first may cost an apply."""
+    shard = Shard(RocksKv(tmp_path / "kv"))
+    computed: list[int] = []
+    apply_entry = ShardStateMachine._apply_entry
+
+    def counted(self: ShardStateMachine, entry: LogEntry) -> EntryResult:
+        computed.append(entry.offset)
+        return apply_entry(self, entry)
+
+    monkeypatch.setattr(ShardStateMachine, "_apply_entry", counted)
+    entry = make_entry(shard.head, 1, puts(("a", b"1")).build(2_000))
+    for _ in range(3):
+        assert shard.sm.prepare(entry)
+    assert computed == [entry.offset]
+    [result] = shard.sm.apply([entry])
+    assert computed == [entry.offset] and result is not None and result.results[0].version

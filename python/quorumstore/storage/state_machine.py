@@ -772,8 +772,13 @@ class ShardStateMachine(ShardReader):
         nothing was applied since; otherwise, or at the next apply of any entry, it is
         dropped. False, preparing nothing, for an entry that is not the next one, one of
         a staged write (a publish reads all its pieces), or one whose apply fails (the
-        apply proper raises the error then).
+        apply proper raises the error then). Preparing the prepared entry again (a
+        retransmitted Append is written too) does nothing.
         """
+        position = LogPosition(entry.term, entry.offset, entry.checksum)
+        earlier = self._prepared
+        if earlier is not None and (earlier.base, earlier.position) == (self._applied, position):
+            return True
         self._prepared = None
         if entry.offset != self._applied.offset + 1:
             return False
