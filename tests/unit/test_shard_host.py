@@ -27,7 +27,7 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, Role, make_entry
-from quorumstore.storage.state_machine import EntryResult, ShardStateMachine, Status
+from quorumstore.storage.state_machine import EntryResult, Status
 from quorumstore.storage.write_batch import WriteBatchBuilder, puts_batch
 
 SHARD = ("default", 0)
@@ -246,20 +246,12 @@ def test_a_follower_applies_only_once_its_acks_are_written_or_a_tick_passes(
 
 
 def test_a_leader_prepares_its_waiting_entry_once_its_appends_are_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, computed_applies: list[int]
 ) -> None:
     """While a leader waits for the Acks of its one unapplied entry, it computes the
     entry's apply (`ShardStateMachine.prepare`), so the commit only writes it: the
     write is answered from the prepared apply, which runs the apply once, not twice.
     With two entries waiting nothing is prepared."""
-    computed: list[int] = []
-    apply_entry = ShardStateMachine._apply_entry
-
-    def counted(self: ShardStateMachine, entry: LogEntry) -> EntryResult:
-        computed.append(entry.offset)
-        return apply_entry(self, entry)
-
-    monkeypatch.setattr(ShardStateMachine, "_apply_entry", counted)
 
     async def scenario() -> None:
         with ThreadPoolExecutor(1) as io:
@@ -278,23 +270,23 @@ def test_a_leader_prepares_its_waiting_entry_once_its_appends_are_written(
                 await _settle(host)
                 offset = host.wal.head.offset
                 host.appends_written()
-                assert computed[-1] == offset, "the waiting entry was not prepared"
-                computed.clear()
+                assert computed_applies[-1] == offset, "the waiting entry was not prepared"
+                computed_applies.clear()
                 head = host.wal.head
                 host.step(Ack(SHARD, 1, "b", AckStatus.OK, head.offset, head))
                 result = await asyncio.wait_for(write, 5)
-                assert computed == [], "the commit computed the apply again"
+                assert computed_applies == [], "the commit computed the apply again"
                 assert [r.status for r in result.results] == [Status.OK]
                 assert host.machine.get("/prepared") is not None
 
                 writes = [asyncio.ensure_future(host.write(_put(f"/k{i}"))) for i in range(2)]
                 await _settle(host)
                 host.appends_written()
-                assert computed == [], "prepared with two entries waiting"
+                assert computed_applies == [], "prepared with two entries waiting"
                 head = host.wal.head
                 host.step(Ack(SHARD, 1, "b", AckStatus.OK, head.offset, head))
                 await asyncio.wait_for(asyncio.gather(*writes), 5)
-                assert len(computed) == 2
+                assert len(computed_applies) == 2
             finally:
                 host.close()
 

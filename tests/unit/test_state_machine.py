@@ -972,22 +972,14 @@ def test_an_entry_of_a_staged_write_is_not_prepared(tmp_path: Path) -> None:
 
 
 def test_preparing_the_prepared_entry_again_computes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, computed_applies: list[int]
 ) -> None:
     """A leader whose Acks are late sends the entry again (retransmission, heartbeats);
     each written Append asks to prepare it, and only the first may cost an apply."""
     shard = Shard(RocksKv(tmp_path / "kv"))
-    computed: list[int] = []
-    apply_entry = ShardStateMachine._apply_entry
-
-    def counted(self: ShardStateMachine, entry: LogEntry) -> EntryResult:
-        computed.append(entry.offset)
-        return apply_entry(self, entry)
-
-    monkeypatch.setattr(ShardStateMachine, "_apply_entry", counted)
     entry = make_entry(shard.head, 1, puts(("a", b"1")).build(2_000))
     for _ in range(3):
         assert shard.sm.prepare(entry)
-    assert computed == [entry.offset]
+    assert computed_applies == [entry.offset]
     [result] = shard.sm.apply([entry])
-    assert computed == [entry.offset] and result is not None and result.results[0].version
+    assert computed_applies == [entry.offset] and result is not None and result.results[0].version
