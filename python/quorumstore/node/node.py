@@ -28,6 +28,7 @@ from quorumstore.node.aborts import abort
 from quorumstore.node.client_api import OxiaClientServicer
 from quorumstore.node.data_api import QuorumstoreDataServicer
 from quorumstore.node.failures import ReplicaFailure
+from quorumstore.node.outbox import Outbox
 from quorumstore.node.shard_host import ShardHost, WalRetention
 from quorumstore.node.snapshot_streams import finished_snapshot_level
 from quorumstore.node.transport import SERVER_OPTIONS, NodeTransport, listen
@@ -399,8 +400,8 @@ class _Replication(pb_grpc.ReplicationServicer):
         self, request_iterator: AsyncIterator[pb.Append], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Ack]:
         await self._refuse_another_format(context)
-        queue: asyncio.Queue[pb.Ack | None] = asyncio.Queue()
-        inbound = self.node.transport.inbound
+        transport = self.node.transport
+        acks: Outbox[pb.Ack] = Outbox(transport.acks_written)
         keys: set[tuple[ShardKey, str]] = set()
 
         async def read() -> None:
@@ -408,31 +409,23 @@ class _Replication(pb_grpc.ReplicationServicer):
                 async for append in request_iterator:
                     shard = (append.namespace, append.shard)
                     key = (shard, append.leader_name)
-                    if inbound.get(key) is not queue:
-                        inbound[key] = queue
+                    if transport.inbound.get(key) is not acks:
+                        transport.inbound[key] = acks
                         keys.add(key)
                     self.node.deliver(shard, wire.append_from_pb(append))
             finally:
-                queue.put_nowait(None)
+                acks.close()
 
         reader = asyncio.get_running_loop().create_task(read())
-        transport = self.node.transport
-        unwritten: list[pb.Ack] = []
         try:
-            while (item := await queue.get()) is not None:
-                unwritten.append(item)
-                yield item  # resumed once gRPC wrote it
-                unwritten.clear()
-                transport.acks_written((item,))
+            async for ack in acks.messages():
+                yield ack
         finally:
             reader.cancel()
             for key in keys:
-                if inbound.get(key) is queue:
-                    del inbound[key]
-            while not queue.empty():
-                if (left := queue.get_nowait()) is not None:
-                    unwritten.append(left)
-            transport.acks_written(unwritten)
+                if transport.inbound.get(key) is acks:
+                    del transport.inbound[key]
+            acks.drop()
 
     async def Truncate(
         self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext

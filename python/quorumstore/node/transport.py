@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterable
+from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -24,6 +23,7 @@ import grpc
 from quorumstore import wire
 from quorumstore.addresses import host_port
 from quorumstore.node import data_format
+from quorumstore.node.outbox import Outbox
 from quorumstore.node.snapshot_streams import SnapshotStreams
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
@@ -94,27 +94,16 @@ class _ReplicateStream:
     """The leader's side of one `Replicate` stream to one follower for one shard."""
 
     def __init__(self, transport: NodeTransport, shard: ShardKey, follower: str):
-        self.queue: asyncio.Queue[pb.Append | None] = asyncio.Queue()
-        #: Appends queued and not yet written by gRPC (`NodeTransport.append_written`).
-        self.unwritten = 0
+        self.outbox: Outbox[pb.Append] = Outbox(transport.appends_written)
         self._transport = transport
         self._shard = shard
         self._follower = follower
         self.task = asyncio.get_running_loop().create_task(self._run())
 
-    async def _requests(self) -> AsyncIterator[pb.Append]:
-        while True:
-            item = await self.queue.get()
-            if item is None:
-                return
-            yield item  # resumed once gRPC wrote it
-            self.unwritten -= 1
-            self._transport.append_written(self._shard)
-
     async def _run(self) -> None:
         stub = pb_grpc.ReplicationStub(self._transport.channel(self._follower))
         try:
-            call = stub.Replicate(self._requests(), metadata=data_format.REPLICATION_METADATA)
+            call = stub.Replicate(self.outbox.messages(), metadata=data_format.REPLICATION_METADATA)
             async for ack in call:
                 self._transport.node.deliver(self._shard, wire.ack_from_pb(ack, self._follower))
         except grpc.aio.AioRpcError as e:
@@ -122,6 +111,7 @@ class _ReplicateStream:
             self._transport.refusals.note(self._follower, e)
         finally:
             self._transport.forget_stream(self._shard, self._follower, self)
+            self.outbox.drop()
 
 
 class NodeTransport:
@@ -129,10 +119,8 @@ class NodeTransport:
         self.node = node
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[tuple[ShardKey, str], _ReplicateStream] = {}
-        #: follower side: (shard, leader) -> the response queue of that leader's stream
-        self.inbound: dict[tuple[ShardKey, str], asyncio.Queue[pb.Ack | None]] = {}
-        #: follower side: Acks queued on a stream and not yet written, by shard
-        self._acks_in_transit: Counter[ShardKey] = Counter()
+        #: follower side: (shard, leader) -> the Acks of that leader's stream
+        self.inbound: dict[tuple[ShardKey, str], Outbox[pb.Ack]] = {}
         self._waiters: dict[tuple[type, ShardKey, str], list[asyncio.Future[Any]]] = defaultdict(
             list
         )
@@ -184,13 +172,11 @@ class NodeTransport:
             if stream is None:
                 stream = _ReplicateStream(self, shard, out.to)
                 self._streams[(shard, out.to)] = stream
-            stream.queue.put_nowait(wire.append_to_pb(msg))
-            stream.unwritten += 1
+            stream.outbox.put(shard, wire.append_to_pb(msg))
         elif isinstance(msg, Ack):
-            queue = self.inbound.get((shard, out.to))
-            if queue is not None:
-                queue.put_nowait(wire.ack_to_pb(msg))
-                self._acks_in_transit[shard] += 1
+            acks = self.inbound.get((shard, out.to))
+            if acks is not None:
+                acks.put(shard, wire.ack_to_pb(msg))
         elif isinstance(msg, Truncate):
             self._spawn(self._truncate(shard, out.to, msg))
         elif isinstance(msg, TruncateResponse):
@@ -198,32 +184,26 @@ class NodeTransport:
         else:
             raise TypeError(f"no route for {type(msg).__name__} to {out.to}")
 
-    def append_written(self, shard: ShardKey) -> None:
-        """gRPC wrote an Append of `shard`; once every stream of the shard wrote all it
-        was given, its leader may use the wait for Acks (`ShardHost.appends_written`).
-        A stream that ended no longer counts."""
-        if any(s.unwritten for (of, _), s in self._streams.items() if of == shard):
+    def appends_written(self, shard: ShardKey) -> None:
+        """An outbox of Appends has none of `shard` left to write; once no stream of the
+        shard has, its leader may use the wait for Acks (`ShardHost.appends_written`)."""
+        if any(s.outbox.unwritten(shard) for (of, _), s in self._streams.items() if of == shard):
             return
         host = self.node.hosts.get(shard)
         if host is not None:
             host.appends_written()
 
     def acks_in_transit(self, shard: ShardKey) -> bool:
-        return self._acks_in_transit[shard] > 0
+        return any(acks.unwritten(shard) for (of, _), acks in self.inbound.items() if of == shard)
 
-    def acks_written(self, acks: Iterable[pb.Ack]) -> None:
-        """`acks` left their stream's queue for good: written, or dropped with the stream.
-        A host none are left in transit for may apply (`ShardHost._follower_apply`)."""
-        for ack in acks:
-            shard = (ack.namespace, ack.shard)
-            left = self._acks_in_transit[shard] - 1
-            if left > 0:
-                self._acks_in_transit[shard] = left
-                continue
-            del self._acks_in_transit[shard]
-            host = self.node.hosts.get(shard)
-            if host is not None:
-                host.acks_written()
+    def acks_written(self, shard: ShardKey) -> None:
+        """An outbox of Acks has none of `shard` left to write; a host with none left in
+        transit anywhere may apply (`ShardHost._follower_apply`)."""
+        if self.acks_in_transit(shard):
+            return
+        host = self.node.hosts.get(shard)
+        if host is not None:
+            host.acks_written()
 
     async def _truncate(self, shard: ShardKey, follower: str, msg: Truncate) -> None:
         stub = pb_grpc.ReplicationStub(self.channel(follower))
@@ -243,7 +223,7 @@ class NodeTransport:
     async def close(self) -> None:
         await self._snapshots.close()
         for stream in list(self._streams.values()):
-            stream.queue.put_nowait(None)
+            stream.outbox.close()
             stream.task.cancel()
         for task in list(self._tasks):
             task.cancel()
