@@ -161,12 +161,16 @@ def batch_origin(batch: pa.RecordBatch) -> ClientSerial | None:
     return ClientSerial(client_id.decode(), int(metadata[SERIAL_KEY]))
 
 
+#: Columns that must hold no nulls; listed once, as iterating a schema builds its fields.
+_NOT_NULL = [field.name for field in SCHEMA if not field.nullable]
+
+
 def _check(batch: pa.RecordBatch) -> None:
     if not batch.schema.equals(SCHEMA):
         raise ValueError(f"write batch schema mismatch:\n{batch.schema}\nexpected:\n{SCHEMA}")
-    for field in SCHEMA:
-        if not field.nullable and batch.column(field.name).null_count:
-            raise ValueError(f"write batch column {field.name!r} holds nulls")
+    for name in _NOT_NULL:
+        if batch.column(name).null_count:
+            raise ValueError(f"write batch column {name!r} holds nulls")
     batch_timestamp_ms(batch)
 
 
