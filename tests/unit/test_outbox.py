@@ -66,3 +66,21 @@ def test_dropping_an_ended_stream_writes_off_what_it_held_once() -> None:
         assert sorted(written) == [A, B]
 
     asyncio.run(scenario())
+
+
+def test_dropping_ends_a_stream_that_waits_for_a_message() -> None:
+    async def scenario() -> None:
+        outbox: Outbox[str] = Outbox(lambda shard: None)
+        sent: list[str] = []
+
+        async def stream() -> None:
+            async for message in outbox.messages():
+                sent.append(message)
+
+        task = asyncio.get_running_loop().create_task(stream())
+        await asyncio.sleep(0)  # the stream now waits on the empty outbox
+        outbox.drop()
+        await asyncio.wait_for(task, 5)
+        assert sent == []
+
+    asyncio.run(scenario())

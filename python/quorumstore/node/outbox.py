@@ -60,10 +60,11 @@ class Outbox(Generic[M]):
 
     def drop(self) -> None:
         """The stream ended: what is still queued will never be written, nor anything
-        put later."""
+        put later; `messages` ends, whether it waits for a message or for gRPC."""
         self._dropped = True
         while not self._queue.empty():
             self._queue.get_nowait()
+        self._queue.put_nowait(None)
         shards = list(self._unwritten)
         self._unwritten.clear()
         for shard in shards:
