@@ -63,6 +63,14 @@ async def _settle(host: ShardHost) -> None:
         await asyncio.sleep(0.01)
 
 
+def _leader_of_three(tmp_path: Path, io: ThreadPoolExecutor) -> ShardHost:
+    """Host "a", leader of term 1 with followers "b" and "c" that have not acked yet."""
+    host = ShardHost("a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure)
+    host.step(NewTerm(SHARD, 1))
+    host.step(BecomeLeader(SHARD, 1, 3, {"b": EMPTY_POSITION, "c": EMPTY_POSITION}))
+    return host
+
+
 def test_a_deposed_leader_fails_its_pending_writes_and_never_answers_them_with_other_entries(
     tmp_path: Path,
 ) -> None:
@@ -72,12 +80,8 @@ def test_a_deposed_leader_fails_its_pending_writes_and_never_answers_them_with_o
 
     async def scenario() -> None:
         with ThreadPoolExecutor(1) as io:
-            host = ShardHost(
-                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
-            )
+            host = _leader_of_three(tmp_path, io)
             try:
-                host.step(NewTerm(SHARD, 1))
-                host.step(BecomeLeader(SHARD, 1, 3, {"b": EMPTY_POSITION, "c": EMPTY_POSITION}))
                 assert host.replica.role is Role.LEADER
                 write = asyncio.ensure_future(host.write(_put("/lost")))  # no follower acks
                 await _settle(host)
@@ -255,12 +259,8 @@ def test_a_leader_prepares_its_waiting_entry_once_its_appends_are_written(
 
     async def scenario() -> None:
         with ThreadPoolExecutor(1) as io:
-            host = ShardHost(
-                "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
-            )
+            host = _leader_of_three(tmp_path, io)
             try:
-                host.step(NewTerm(SHARD, 1))
-                host.step(BecomeLeader(SHARD, 1, 3, {"b": EMPTY_POSITION, "c": EMPTY_POSITION}))
                 noop = host.wal.head
                 host.step(Ack(SHARD, 1, "b", AckStatus.OK, noop.offset, noop))
                 await _settle(host)

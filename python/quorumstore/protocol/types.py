@@ -60,6 +60,11 @@ class LogEntry:
     def entry_id(self) -> EntryId:
         return EntryId(self.term, self.offset)
 
+    @property
+    def position(self) -> LogPosition:
+        """Where this entry leaves a log whose head it is."""
+        return LogPosition(self.term, self.offset, self.checksum)
+
 
 @dataclass(frozen=True, slots=True)
 class LogPosition:

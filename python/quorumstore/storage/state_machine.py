@@ -775,9 +775,7 @@ class ShardStateMachine(ShardReader):
         apply proper raises the error then). Preparing the prepared entry again (a
         retransmitted Append is written too) does nothing.
         """
-        position = LogPosition(entry.term, entry.offset, entry.checksum)
-        earlier = self._prepared
-        if earlier is not None and (earlier.base, earlier.position) == (self._applied, position):
+        if self._prepared_for(entry) is not None:
             return True
         self._prepared = None
         if entry.offset != self._applied.offset + 1:
@@ -794,15 +792,22 @@ class ShardStateMachine(ShardReader):
         self._prepared = prepared._replace(result=result)
         return True
 
-    def _apply_prepared(self, entry: LogEntry) -> EntryResult | None:
-        """Applies `entry` by writing its prepared KV batch, if it is the entry prepared
-        on the current state; None otherwise. The prepared apply is used up either way."""
-        prepared, self._prepared = self._prepared, None
+    def _prepared_for(self, entry: LogEntry) -> _Prepared | None:
+        """The prepared apply, if it is of `entry` on the current state."""
+        prepared = self._prepared
         if (
             prepared is None
             or prepared.base != self._applied
-            or prepared.position != LogPosition(entry.term, entry.offset, entry.checksum)
+            or prepared.position != entry.position
         ):
+            return None
+        return prepared
+
+    def _apply_prepared(self, entry: LogEntry) -> EntryResult | None:
+        """Applies `entry` by writing its prepared KV batch, if it is the entry prepared
+        on the current state; None otherwise. The prepared apply is used up either way."""
+        prepared, self._prepared = self._prepared_for(entry), None
+        if prepared is None:
             return None
         self._commit(prepared.write, prepared.position, prepared.next_version_id)
         return prepared.result
@@ -826,7 +831,7 @@ class ShardStateMachine(ShardReader):
     def _apply_entry(self, entry: LogEntry) -> EntryResult:
         batch = decode_batch(entry.payload)
         now = batch_timestamp_ms(batch)
-        position = LogPosition(entry.term, entry.offset, entry.checksum)
+        position = entry.position
         stage = batch_staging(batch)
         if stage is not None and self._capture is not None:
             raise _NotPrepared(f"entry {entry.offset} is part of staged write {stage.name}")
