@@ -1,30 +1,13 @@
-"""`plain_puts` tells plain puts apart by encoded size: checked against asking each put.
-
-Every test runs on both of its paths: numpy's arithmetic over the Arrow offsets (large
-requests) and the key-and-value copy measured by protobuf (small ones).
-"""
+"""`plain_puts` reads a request's puts as columns: checked against asking each put."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quorumstore.node import plain_puts as plain_puts_module
 from quorumstore.node.plain_puts import plain_puts
 from quorumstore.proto import oxia_client_pb2 as pb
-
-
-@pytest.fixture(autouse=True, params=["arrow offsets", "protobuf copy"])
-def path(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Sends every request, whatever its size, down one of the two paths."""
-    small = 0 if request.param == "arrow offsets" else 1 << 30
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plain_puts_module, "SMALL_REQUEST_PUTS", small)
-        yield
-
 
 _KEY_AND_VALUE = {pb.PutRequest.KEY_FIELD_NUMBER, pb.PutRequest.VALUE_FIELD_NUMBER}
 
@@ -66,9 +49,7 @@ def _plain_by_fields(request: pb.WriteRequest) -> bool:
     )
 
 
-@settings(
-    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=800, deadline=None)
 @given(
     puts=st.lists(st.one_of(_puts(), _PLAIN_PUTS), max_size=6),
     shard=st.one_of(st.none(), st.sampled_from([0, 5, 1 << 33, -1])),
@@ -121,3 +102,18 @@ def test_requests_with_deletes_or_ranges_are_not_plain(ranges: bool) -> None:
 def test_an_empty_request_is_plain_and_empty() -> None:
     plain = plain_puts(pb.WriteRequest(shard=2))
     assert plain is not None and len(plain.keys) == 0 and plain.longest_key_bytes == 0
+
+
+def test_a_field_repeated_on_the_wire_counts_once() -> None:
+    # Put 0 names its key twice (protobuf keeps the last), put 1 none: read from the
+    # request's own bytes, the key column would pair "a" with put 0 and "b" with put 1.
+    put_0 = b"\x0a\x01a" + b"\x0a\x01b" + b"\x12\x01x"
+    put_1 = b"\x12\x01y"
+    request = pb.WriteRequest.FromString(
+        b"\x12" + bytes([len(put_0)]) + put_0 + b"\x12" + bytes([len(put_1)]) + put_1
+    )
+    assert [(put.key, put.value) for put in request.puts] == [("b", b"x"), ("", b"y")]
+    plain = plain_puts(request)
+    assert plain is not None
+    assert plain.keys.to_pylist() == ["b", ""] and plain.values.to_pylist() == [b"x", b"y"]
+    assert (plain.shortest_key_bytes, plain.longest_key_bytes) == (0, 1)

@@ -301,6 +301,23 @@ class WriteBatchBuilder:
         )
 
 
+_OP_COLUMN, _KEY_COLUMN, _VALUE_COLUMN = map(SCHEMA.get_field_index, ("op", "key", "value"))
+
+
+def _puts_columns(rows: int) -> tuple[pa.Array | None, ...]:
+    """SCHEMA's columns of `rows` puts that set nothing beyond key and value, but for the
+    key and value columns themselves (None), which the caller fills in."""
+    columns: list[pa.Array | None] = [_null_column(rows, field.type) for field in SCHEMA]
+    columns[_OP_COLUMN] = pa.repeat(pa.scalar(Op.PUT.value, pa.int8()), rows)
+    columns[_KEY_COLUMN] = columns[_VALUE_COLUMN] = None
+    return tuple(columns)
+
+
+#: Batches of the same size share these columns: building them was about a fifth of
+#: encoding a batch of 64 puts.
+_shared_puts_columns = functools.lru_cache(maxsize=64)(_puts_columns)
+
+
 def puts_batch(
     keys: pa.Array,
     values: pa.Array,
@@ -312,15 +329,9 @@ def puts_batch(
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys but {len(values)} values")
     n = len(keys)
-    columns = {
-        "op": pa.repeat(pa.scalar(Op.PUT.value, pa.int8()), n),
-        "key": keys.cast(pa.string()),
-        "value": values.cast(pa.binary()),
-    }
-    arrays = [
-        columns[field.name] if field.name in columns else _null_column(n, field.type)
-        for field in SCHEMA
-    ]
+    arrays = list(_shared_puts_columns(n) if n <= _SHARED_NULLS_MAX_ROWS else _puts_columns(n))
+    arrays[_KEY_COLUMN] = keys if keys.type == pa.string() else keys.cast(pa.string())
+    arrays[_VALUE_COLUMN] = values if values.type == pa.binary() else values.cast(pa.binary())
     return encode_batch(
         pa.RecordBatch.from_arrays(arrays, schema=_with_timestamp(timestamp_ms, origin, staging))
     )
