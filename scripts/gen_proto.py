@@ -4,8 +4,8 @@
     python scripts/gen_proto.py           # (re)write python/quorumstore/proto/
     python scripts/gen_proto.py --check   # exit 1 if the committed files are stale
 
-For every proto/NAME.proto, grpc_tools.protoc writes NAME_pb2.py, NAME_pb2.pyi and
-NAME_pb2_grpc.py into python/quorumstore/proto/. protoc emits top-level imports
+For every proto/NAME.proto, grpc_tools.protoc writes NAME_pb2.py, NAME_pb2.pyi and,
+if it declares a service, NAME_pb2_grpc.py into python/quorumstore/proto/. protoc emits top-level imports
 between generated modules (``import oxia_client_pb2 as ...``), which only work
 when the output directory is on sys.path; they are rewritten into package-relative
 imports (``from . import oxia_client_pb2 as ...``) so that ``quorumstore.proto``
@@ -72,6 +72,10 @@ def generate(out_dir: Path) -> list[Path]:
         raise SystemExit(f"protoc failed (exit {result.returncode})")
 
     modules = {f"{p.stem}_pb2" for p in protos} | {f"{p.stem}_pb2_grpc" for p in protos}
+    for proto in protos:
+        if not re.search(r"^service\s", proto.read_text(encoding="utf-8"), re.MULTILINE):
+            # protoc's gRPC plugin writes a module of nothing but a version check.
+            (out_dir / f"{proto.stem}_pb2_grpc.py").unlink()
     written = sorted(p for p in out_dir.iterdir() if is_generated(p))
     for path in written:
         text = path.read_text(encoding="utf-8")
