@@ -8,7 +8,6 @@ bytes, internal keys included.
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -254,7 +253,7 @@ def test_results_round_trip_with_keys_and_session_ids() -> None:
         OpResult(Status.SESSION_DOES_NOT_EXIST),
     ]
     stored = [
-        replace(r, version=r.version._replace(value=b"")) if r.version else r for r in results
+        r._replace(version=r.version._replace(value=b"")) if r.version else r for r in results
     ]
     assert decode_results(encode_results(results)) == stored  # versions, without values
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, make_entry
 from quorumstore.storage.kv import MemoryKv, RocksKv
 from quorumstore.storage.serials import SERIAL_TTL_MS, serial_key
@@ -30,7 +28,7 @@ class _Log:
 def _without_values(results: list[OpResult]) -> list[OpResult]:
     """`results` as a retry gets them back: versions without the values written."""
     return [
-        r if r.version is None else replace(r, version=r.version._replace(value=b""))
+        r if r.version is None else r._replace(version=r.version._replace(value=b""))
         for r in results
     ]
 
