@@ -63,6 +63,16 @@ async def _settle(host: ShardHost) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _lead_alone(host: ShardHost) -> None:
+    """Makes `host` leader of term 1 with replication factor 1 (it commits alone) and
+    waits until the term's no-op entry is applied, so that spies see only later ones."""
+    host.step(NewTerm(SHARD, 1))
+    host.step(BecomeLeader(SHARD, 1, 1, {}))
+    async with asyncio.timeout(30):
+        while host.machine.applied_position.offset < 0:
+            await asyncio.sleep(0.001)
+
+
 def _leader_of_three(tmp_path: Path, io: ThreadPoolExecutor) -> ShardHost:
     """Host "a", leader of term 1 with followers "b" and "c" that have not acked yet."""
     host = ShardHost("a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure)
@@ -394,8 +404,7 @@ def test_a_bulk_entry_is_applied_off_the_event_loop_and_small_ones_on_it(tmp_pat
                 "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
             )
             try:
-                host.step(NewTerm(SHARD, 1))
-                host.step(BecomeLeader(SHARD, 1, 1, {}))  # replication factor 1: commits alone
+                await _lead_alone(host)
                 spy = ApplySpy(host, wait_for_the_loop)
                 watcher = asyncio.ensure_future(note_loop_turns())
                 bulk = await asyncio.wait_for(host.write(_bulk_put(10_000)), 30)
@@ -429,8 +438,7 @@ def test_closing_a_host_waits_for_an_apply_on_the_worker_thread(tmp_path: Path) 
             host = ShardHost(
                 "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
             )
-            host.step(NewTerm(SHARD, 1))
-            host.step(BecomeLeader(SHARD, 1, 1, {}))
+            await _lead_alone(host)
             spy = ApplySpy(host, hold)
             write = asyncio.ensure_future(host.write(_bulk_put(10_000)))
             while not started.is_set():
@@ -473,8 +481,7 @@ def test_an_apply_that_fails_after_its_host_closed_is_logged(
             host = ShardHost(
                 "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
             )
-            host.step(NewTerm(SHARD, 1))
-            host.step(BecomeLeader(SHARD, 1, 1, {}))
+            await _lead_alone(host)
             ApplySpy(host, fail)
             write = asyncio.ensure_future(host.write(_bulk_put(10_000)))
             while not started.is_set():
@@ -490,5 +497,5 @@ def test_an_apply_that_fails_after_its_host_closed_is_logged(
         asyncio.run(scenario())
     assert not loop_errors, loop_errors
     [record] = [r for r in caplog.records if "failed after the shard was closed" in r.message]
-    assert "shard default/0 on node a: applying entries 0-1" in record.message
+    assert "shard default/0 on node a: applying entries 1-1" in record.message
     assert "the disk went away" in record.message

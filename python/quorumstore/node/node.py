@@ -31,6 +31,7 @@ from quorumstore.node.failures import ReplicaFailure
 from quorumstore.node.outbox import Outbox
 from quorumstore.node.shard_host import ShardHost, WalRetention
 from quorumstore.node.snapshot_streams import finished_snapshot_level
+from quorumstore.node.syncs import SyncRunner
 from quorumstore.node.transport import SERVER_OPTIONS, NodeTransport, listen
 from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
 from quorumstore.proto import replication_pb2 as pb
@@ -81,6 +82,7 @@ class Node:
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qs-io")
         #: Bulk applies (see `ShardHost`), apart from the fsyncs so as not to delay them.
         self._apply = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qs-apply")
+        self._syncs = SyncRunner(self._io)
         self.kv_memory = KvMemory(config.kv_memory_bytes)
         self._server: grpc.aio.Server | None = None
         self._client_api: OxiaClientServicer | None = None
@@ -195,6 +197,7 @@ class Node:
             self.transport,
             self._io,
             apply_executor=self._apply,
+            syncs=self._syncs,
             on_failure=self._replica_failed,
             wal_sync=self.config.wal_sync,
             replica_config=ReplicaConfig(),

@@ -2,11 +2,12 @@
 
 The host is the driver of `ShardReplica` (the etcd-raft `Ready` loop): after every
 input it takes the `Ready`, applies the storage effects, sends messages, runs the
-group commit (one fdatasync for everything appended since the last one, on a worker
-thread while the event loop keeps appending), applies committed entries to the KV and
-resolves the writes waiting on them. A follower applies on a later turn, between
-fsyncs, so that applying never delays its Acks. Everything here runs on the node's
-event loop, except the fsyncs and the apply of bulk entries (`_APPLY_OFF_LOOP_BYTES`).
+group commit (one fdatasync for everything appended since the last one: on a worker
+thread while the event loop keeps appending, or a follower's on the loop itself, see
+`syncs.py`), applies committed entries to the KV and resolves the writes waiting on
+them. A follower applies on a later turn, between fsyncs, so that applying never delays
+its Acks. Everything here runs on the node's event loop, except the fsyncs that
+`syncs.py` hands to threads and the apply of bulk entries (`_APPLY_OFF_LOOP_BYTES`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Concatenate, ParamSpec, Protocol
 
 from quorumstore.node.failures import ReplicaFailure
+from quorumstore.node.syncs import SyncRunner
 from quorumstore.protocol.messages import (
     Message,
     Outbound,
@@ -126,6 +128,7 @@ class ShardHost:
         io_executor: Executor,
         *,
         apply_executor: Executor | None = None,
+        syncs: SyncRunner | None = None,
         on_failure: Callable[[ReplicaFailure], None],
         wal_sync: bool = True,
         replica_config: ReplicaConfig = ReplicaConfig(),
@@ -140,6 +143,8 @@ class ShardHost:
         self._io = io_executor
         #: Where bulk entries are applied (see `_apply_committed`); default: `io_executor`.
         self._apply_executor = apply_executor or io_executor
+        #: Where the WAL's fsyncs run; default: a runner of this shard's own on `io_executor`.
+        self._syncs = syncs or SyncRunner(io_executor)
         self._on_failure = on_failure
         directory.mkdir(parents=True, exist_ok=True)
         for leftover in directory.glob("snapshot-staging*"):  # streams cut by a crash
@@ -435,8 +440,11 @@ class ShardHost:
         self._sync_in_flight = True
         ticket = self.wal.prepare_sync()
         messages, self._after_sync = self._after_sync, []
-        future = asyncio.get_running_loop().run_in_executor(self._io, ticket.run)
-        future.add_done_callback(lambda _: self._sync_done(ticket, messages))
+        self._syncs.run(
+            ticket,
+            self.replica.role is not Role.LEADER,
+            lambda: self._sync_done(ticket, messages),
+        )
 
     @_stops_on_failure
     def _sync_done(self, ticket: SyncTicket, messages: list[Outbound]) -> None:

@@ -72,6 +72,7 @@ import logging
 import os
 import re
 import struct
+import time
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
@@ -866,15 +867,19 @@ class SyncTicket:
         self.head = head
         self.path = path
         self.error: OSError | None = None
+        #: How long `run`'s fdatasyncs took (0 until it ran).
+        self.seconds = 0.0
         self._fds = fds
 
     def run(self) -> None:
+        started = time.perf_counter()
         try:
             for fd in self._fds:
                 os.fdatasync(fd)
         except OSError as exc:
             self.error = exc
         finally:
+            self.seconds = time.perf_counter() - started
             for fd in self._fds:
                 os.close(fd)
             self._fds = []
