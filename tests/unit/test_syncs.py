@@ -59,6 +59,12 @@ class Recorder:
     def done(self) -> None:
         self.calls.append(threading.get_ident())
 
+    async def called(self) -> None:
+        """Returns once `done` was called (by a later turn of the loop)."""
+        async with asyncio.timeout(5):
+            while not self.calls:
+                await asyncio.sleep(0.001)
+
 
 def test_a_follower_syncs_on_the_loop_and_a_leader_on_a_thread(wal: Wal) -> None:
     async def scenario() -> None:
@@ -73,9 +79,7 @@ def test_a_follower_syncs_on_the_loop_and_a_leader_on_a_thread(wal: Wal) -> None
             ticket = _ticket(wal)
             runner.run(ticket, False, leader.done)
             assert leader.calls == []
-            async with asyncio.timeout(5):
-                while not leader.calls:
-                    await asyncio.sleep(0.001)
+            await leader.called()
             assert leader.calls == [loop_thread] and ticket.thread != loop_thread
 
     asyncio.run(scenario())
@@ -91,9 +95,7 @@ def test_after_a_slow_fsync_a_follower_syncs_on_a_thread_until_one_is_quick(wal:
             assert slow.thread == loop_thread and slow.seconds >= 0.05
             threaded, recorder = _ticket(wal), Recorder()
             runner.run(threaded, True, recorder.done)
-            async with asyncio.timeout(5):
-                while not recorder.calls:
-                    await asyncio.sleep(0.001)
+            await recorder.called()
             assert threaded.thread != loop_thread and threaded.seconds < 0.02
             quick = _ticket(wal)
             runner.run(quick, True, Recorder().done)
@@ -114,14 +116,10 @@ def test_a_follower_syncs_on_a_thread_while_another_fsync_runs_on_one(wal: Wal) 
             second = _ticket(wal)
             runner.run(second, True, followers.done)
             assert followers.calls == [], "the follower's fsync did not wait on the loop"
-            async with asyncio.timeout(5):
-                while not followers.calls:
-                    await asyncio.sleep(0.001)
+            await followers.called()
             assert second.thread != loop_thread and leaders.calls == []
             held.release.set()
-            async with asyncio.timeout(5):
-                while not leaders.calls:
-                    await asyncio.sleep(0.001)
+            await leaders.called()
             third = _ticket(wal)
             runner.run(third, True, followers.done)
             assert third.thread == loop_thread, "back on the loop once no fsync is on a thread"
