@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import enum
 import functools
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar, cast
 
 import pyarrow as pa
 
@@ -80,14 +81,32 @@ SCHEMA = pa.schema(
 #: Batches up to this many rows share their all-null columns (at most ~3 MB cached).
 _SHARED_NULLS_MAX_ROWS = 1024
 
-_shared_null_column = functools.lru_cache(maxsize=64 * len(SCHEMA))(pa.nulls)
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
+def _shared_when_small(
+    maxsize: int,
+) -> Callable[[Callable[Concatenate[int, _P], _T]], Callable[Concatenate[int, _P], _T]]:
+    """Makes `make(rows, ...)` hand out one shared result per arguments for batches of at
+    most `_SHARED_NULLS_MAX_ROWS` rows (Arrow arrays are immutable), a new one for larger."""
+
+    def wrap(make: Callable[Concatenate[int, _P], _T]) -> Callable[Concatenate[int, _P], _T]:
+        shared = cast(Callable[Concatenate[int, _P], _T], functools.lru_cache(maxsize)(make))
+
+        @functools.wraps(make)
+        def made(rows: int, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            return (shared if rows <= _SHARED_NULLS_MAX_ROWS else make)(rows, *args, **kwargs)
+
+        return made
+
+    return wrap
+
+
+@_shared_when_small(maxsize=64 * len(SCHEMA))
 def _null_column(rows: int, type: pa.DataType) -> pa.Array:
     """An all-null column, `rows` long. Small batches, where making them was a sixth of
-    building a batch of puts, share them: Arrow arrays are immutable."""
-    if rows <= _SHARED_NULLS_MAX_ROWS:
-        return _shared_null_column(rows, type)
+    building a batch of puts, share them."""
     return pa.nulls(rows, type)
 
 
@@ -304,18 +323,15 @@ class WriteBatchBuilder:
 _OP_COLUMN, _KEY_COLUMN, _VALUE_COLUMN = map(SCHEMA.get_field_index, ("op", "key", "value"))
 
 
+@_shared_when_small(maxsize=64)
 def _puts_columns(rows: int) -> tuple[pa.Array | None, ...]:
     """SCHEMA's columns of `rows` puts that set nothing beyond key and value, but for the
-    key and value columns themselves (None), which the caller fills in."""
+    key and value columns themselves (None), which the caller fills in. Small batches
+    share them: building them was about a fifth of encoding a batch of 64 puts."""
     columns: list[pa.Array | None] = [_null_column(rows, field.type) for field in SCHEMA]
     columns[_OP_COLUMN] = pa.repeat(pa.scalar(Op.PUT.value, pa.int8()), rows)
     columns[_KEY_COLUMN] = columns[_VALUE_COLUMN] = None
     return tuple(columns)
-
-
-#: Batches of the same size share these columns: building them was about a fifth of
-#: encoding a batch of 64 puts.
-_shared_puts_columns = functools.lru_cache(maxsize=64)(_puts_columns)
 
 
 def puts_batch(
@@ -329,7 +345,7 @@ def puts_batch(
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys but {len(values)} values")
     n = len(keys)
-    arrays = list(_shared_puts_columns(n) if n <= _SHARED_NULLS_MAX_ROWS else _puts_columns(n))
+    arrays = list(_puts_columns(n))
     arrays[_KEY_COLUMN] = keys if keys.type == pa.string() else keys.cast(pa.string())
     arrays[_VALUE_COLUMN] = values if values.type == pa.binary() else values.cast(pa.binary())
     return encode_batch(
