@@ -6,11 +6,11 @@
 
 For every proto/NAME.proto, grpc_tools.protoc writes NAME_pb2.py, NAME_pb2.pyi and,
 if it declares a service, NAME_pb2_grpc.py into python/quorumstore/proto/. protoc
-emits top-level imports between generated modules (``import oxia_client_pb2 as ...``), which only work
-when the output directory is on sys.path; they are rewritten into package-relative
-imports (``from . import oxia_client_pb2 as ...``) so that ``quorumstore.proto``
-works installed. The output depends on the grpcio-tools version: regenerate (and
-commit) with the version the project pins.
+emits top-level imports between generated modules (``import oxia_client_pb2 as
+...``), which only work when the output directory is on sys.path; they are rewritten
+into package-relative imports (``from . import oxia_client_pb2 as ...``) so that
+``quorumstore.proto`` works installed. The output depends on the grpcio-tools
+version: regenerate (and commit) with the version the project pins.
 """
 
 from __future__ import annotations
