@@ -18,10 +18,12 @@ from quorumstore.storage.wal import SyncTicket, Wal
 
 
 class SlowTicket(SyncTicket):
-    """A real group commit on a disk that takes `delay_s` longer (or until `release`)."""
+    """A real group commit (`ticket`'s) on a disk that takes `delay_s` longer (or until
+    `release`)."""
 
     def __init__(self, ticket: SyncTicket, delay_s: float = 0.0) -> None:
-        super().__init__(ticket.head, ticket._fds, ticket.path)
+        super().__init__(ticket.head, [], ticket.path)
+        self._real = ticket
         self.delay_s = delay_s
         self.release = threading.Event()
         if not delay_s:
@@ -33,7 +35,8 @@ class SlowTicket(SyncTicket):
         started = time.perf_counter()
         self.release.wait(5)
         time.sleep(self.delay_s)
-        super().run()
+        self._real.run()
+        self.error = self._real.error
         self.seconds = time.perf_counter() - started  # the disk's slowness included
 
 
