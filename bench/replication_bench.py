@@ -7,7 +7,10 @@ clients with 100-byte values, using the same measurement code (bench/measure.py)
 * put latency p50/p99, one client, one put at a time;
 * puts/s with 64 puts in flight, with the p99 latency of those puts;
 * failover: kill -9 of the leader until the first write issued after it succeeds;
-* each node's peak resident memory during the throughput run.
+* each node's peak resident memory during the throughput run;
+* CPU per put in that run's timed window, the nodes' and this driver's, and the puts/s
+  that cost allows with every CPU busy: where the throughput's ceiling on this machine
+  is, and which side of the comparison spends the CPU.
 
 quorumstore is measured twice: "plain" sends each put as its own Oxia `Write` through
 raw grpc.aio stubs (as the etcd client sends each put as its own `Put`), and
@@ -31,13 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
 
 import grpc
+import psutil
 
 BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
@@ -308,19 +312,46 @@ class Row:
     failover_s: float | None = None
     rss_mb: dict[int, float] = field(default_factory=dict)
     failover_note: str = ""
+    #: CPU microseconds per put in the timed window: the cluster's node (or member)
+    #: processes together, and this process (client and load loop). A quorumstore
+    #: cluster's coordinator is off the write path and not counted.
+    nodes_cpu_us: float = 0.0
+    driver_cpu_us: float = 0.0
+
+    @property
+    def cpu_us(self) -> float:
+        """CPU microseconds per put, nodes and driver together."""
+        return self.nodes_cpu_us + self.driver_cpu_us
+
+    def cpu_ceiling_puts_s(self) -> float:
+        """Puts/s at this CPU per put with every CPU of the machine busy."""
+        return (os.cpu_count() or 1) * 1e6 / self.cpu_us
+
+
+def _cpu_seconds(pids: Iterable[int]) -> float:
+    """User plus system CPU seconds the processes `pids` have used so far."""
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
 
 
 async def _throughput(
     put: Put,
     inflight: int,
     seconds: float,
-    start_sampling: Callable[[], None],
-    stop_sampling: Callable[[], dict[int, float]],
+    cluster: EtcdCluster | QuorumstoreCluster,
     row: Row,
 ) -> None:
-    """puts/s, p99 latency of the puts in the timed window, peak RSS meanwhile."""
+    """puts/s, p99 latency of the puts in the timed window, peak RSS meanwhile, CPU
+    per put in the window."""
     loop = asyncio.get_running_loop()
     samples: list[tuple[float, float]] = []  # (completed at, latency ms)
+    cpu: list[tuple[float, float]] = []  # (nodes, driver) CPU seconds at the window's ends
+
+    def read_cpu() -> None:
+        cpu.append((_cpu_seconds(cluster.pids().values()), time.process_time()))
 
     async def timed(key: bytes, value: bytes) -> None:
         start = loop.time()
@@ -330,15 +361,23 @@ async def _throughput(
 
     warmup_s = 1.0
     window_start = loop.time() + warmup_s
-    start_sampling()
+    # The same window measure_throughput counts puts in.
+    loop.call_at(window_start, read_cpu)
+    loop.call_at(window_start + seconds, read_cpu)
+    cluster.start_rss_sampling()
     try:
         row.puts_s = await measure_throughput(
             timed, inflight=inflight, seconds=seconds, warmup_s=warmup_s
         )
     finally:
-        row.rss_mb = stop_sampling()
+        row.rss_mb = cluster.stop_rss_sampling()
     in_window = [ms for at, ms in samples if window_start <= at <= window_start + seconds]
     row.load_p99_ms = statistics.quantiles(in_window, n=100, method="inclusive")[98]
+    # Every worker's last put ends after the window does, so both readings were taken.
+    (nodes_start, driver_start), (nodes_end, driver_end) = cpu
+    puts = row.puts_s * seconds
+    row.nodes_cpu_us = (nodes_end - nodes_start) * 1e6 / puts
+    row.driver_cpu_us = (driver_end - driver_start) * 1e6 / puts
 
 
 async def _latency(put: Put, n: int, row: Row) -> None:
@@ -355,8 +394,7 @@ async def run_etcd(cluster: EtcdCluster, args: argparse.Namespace) -> Row:
             client.put,
             args.inflight,
             args.seconds,
-            cluster.start_rss_sampling,
-            cluster.stop_rss_sampling,
+            cluster,
             row,
         )
         killed: list[int] = []
@@ -376,8 +414,7 @@ async def run_quorumstore(cluster: QuorumstoreCluster, args: argparse.Namespace)
             plain.put,
             args.inflight,
             args.seconds,
-            cluster.start_rss_sampling,
-            cluster.stop_rss_sampling,
+            cluster,
             plain_row,
         )
     finally:
@@ -396,8 +433,7 @@ async def run_quorumstore(cluster: QuorumstoreCluster, args: argparse.Namespace)
             put,
             args.inflight,
             args.seconds,
-            cluster.start_rss_sampling,
-            cluster.stop_rss_sampling,
+            cluster,
             client_row,
         )
         shard = client.shard_for(FAILOVER_PARTITION)
@@ -444,6 +480,10 @@ def _ms(value: float) -> str:
 
 def _rss(rss: dict[int, float]) -> str:
     return " / ".join(f"{mb:.0f}" for mb in rss.values()) + " MiB"
+
+
+def _cpu(row: Row) -> str:
+    return f"{row.nodes_cpu_us:.0f} + {row.driver_cpu_us:.0f} us"
 
 
 def _ratio(ours: float | None, theirs: float | None) -> str:
@@ -506,6 +546,22 @@ def print_report(
             _rss(client.rss_mb),
             _ratio(peak(plain), peak(etcd)),
             _ratio(peak(client), peak(etcd)),
+        ),
+        (
+            "CPU per put, nodes + driver (throughput run)",
+            _cpu(etcd),
+            _cpu(plain),
+            _cpu(client),
+            _ratio(plain.cpu_us, etcd.cpu_us),
+            _ratio(client.cpu_us, etcd.cpu_us),
+        ),
+        (
+            f"puts/s at that CPU per put, all {os.cpu_count()} CPUs busy",
+            f"{etcd.cpu_ceiling_puts_s():.0f}",
+            f"{plain.cpu_ceiling_puts_s():.0f}",
+            f"{client.cpu_ceiling_puts_s():.0f}",
+            _ratio(plain.cpu_ceiling_puts_s(), etcd.cpu_ceiling_puts_s()),
+            _ratio(client.cpu_ceiling_puts_s(), etcd.cpu_ceiling_puts_s()),
         ),
     ]
     header = (
