@@ -482,10 +482,6 @@ def _rss(rss: dict[int, float]) -> str:
     return " / ".join(f"{mb:.0f}" for mb in rss.values()) + " MiB"
 
 
-def _cpu(row: Row) -> str:
-    return f"{row.nodes_cpu_us:.0f} + {row.driver_cpu_us:.0f} us"
-
-
 def _ratio(ours: float | None, theirs: float | None) -> str:
     if not ours or not theirs:
         return "-"
@@ -498,70 +494,55 @@ def print_report(
     def peak(row: Row) -> float:
         return max(row.rss_mb.values()) if row.rss_mb else 0.0
 
-    rows: list[tuple[str, str, str, str, str, str]] = [
-        (
+    def line(
+        label: str, value: Callable[[Row], float | None], text: Callable[[Row], str]
+    ) -> tuple[str, str, str, str, str, str]:
+        """One row: each system's `text`, then plain's and client's `value` over etcd's."""
+        return (
+            label,
+            text(etcd),
+            text(plain),
+            text(client),
+            _ratio(value(plain), value(etcd)),
+            _ratio(value(client), value(etcd)),
+        )
+
+    rows = [
+        line(
             f"put latency p50 (1 client, n={args.latency_n})",
-            _ms(etcd.p50_ms),
-            _ms(plain.p50_ms),
-            _ms(client.p50_ms),
-            _ratio(plain.p50_ms, etcd.p50_ms),
-            _ratio(client.p50_ms, etcd.p50_ms),
+            lambda r: r.p50_ms,
+            lambda r: _ms(r.p50_ms),
         ),
-        (
+        line(
             f"put latency p99 (1 client, n={args.latency_n})",
-            _ms(etcd.p99_ms),
-            _ms(plain.p99_ms),
-            _ms(client.p99_ms),
-            _ratio(plain.p99_ms, etcd.p99_ms),
-            _ratio(client.p99_ms, etcd.p99_ms),
+            lambda r: r.p99_ms,
+            lambda r: _ms(r.p99_ms),
         ),
-        (
+        line(
             f"puts/s ({args.inflight} in flight, {args.seconds:g} s)",
-            f"{etcd.puts_s:.0f}",
-            f"{plain.puts_s:.0f}",
-            f"{client.puts_s:.0f}",
-            _ratio(plain.puts_s, etcd.puts_s),
-            _ratio(client.puts_s, etcd.puts_s),
+            lambda r: r.puts_s,
+            lambda r: f"{r.puts_s:.0f}",
         ),
-        (
+        line(
             f"put latency p99 ({args.inflight} in flight)",
-            _ms(etcd.load_p99_ms),
-            _ms(plain.load_p99_ms),
-            _ms(client.load_p99_ms),
-            _ratio(plain.load_p99_ms, etcd.load_p99_ms),
-            _ratio(client.load_p99_ms, etcd.load_p99_ms),
+            lambda r: r.load_p99_ms,
+            lambda r: _ms(r.load_p99_ms),
         ),
-        (
+        line(
             "failover (kill -9 leader -> first write)",
-            f"{etcd.failover_s:.3f} s",
-            f"{plain.failover_s:.3f} s",
-            f"{client.failover_s:.3f} s",
-            _ratio(plain.failover_s, etcd.failover_s),
-            _ratio(client.failover_s, etcd.failover_s),
+            lambda r: r.failover_s,
+            lambda r: f"{r.failover_s:.3f} s",
         ),
-        (
-            "peak RSS per node, throughput run",
-            _rss(etcd.rss_mb),
-            _rss(plain.rss_mb),
-            _rss(client.rss_mb),
-            _ratio(peak(plain), peak(etcd)),
-            _ratio(peak(client), peak(etcd)),
-        ),
-        (
+        line("peak RSS per node, throughput run", peak, lambda r: _rss(r.rss_mb)),
+        line(
             "CPU per put, nodes + driver (throughput run)",
-            _cpu(etcd),
-            _cpu(plain),
-            _cpu(client),
-            _ratio(plain.cpu_us, etcd.cpu_us),
-            _ratio(client.cpu_us, etcd.cpu_us),
+            lambda r: r.cpu_us,
+            lambda r: f"{r.nodes_cpu_us:.0f} + {r.driver_cpu_us:.0f} us",
         ),
-        (
+        line(
             f"puts/s at that CPU per put, all {os.cpu_count()} CPUs busy",
-            f"{etcd.cpu_ceiling_puts_s():.0f}",
-            f"{plain.cpu_ceiling_puts_s():.0f}",
-            f"{client.cpu_ceiling_puts_s():.0f}",
-            _ratio(plain.cpu_ceiling_puts_s(), etcd.cpu_ceiling_puts_s()),
-            _ratio(client.cpu_ceiling_puts_s(), etcd.cpu_ceiling_puts_s()),
+            Row.cpu_ceiling_puts_s,
+            lambda r: f"{r.cpu_ceiling_puts_s():.0f}",
         ),
     ]
     header = (
