@@ -78,8 +78,9 @@ SCHEMA = pa.schema(
 )
 
 
-#: Batches up to this many rows share their all-null columns (at most ~3 MB cached).
-_SHARED_NULLS_MAX_ROWS = 1024
+#: Batches up to this many rows share their all-null and op columns (`_shared_when_small`;
+#: at most ~3 MB cached).
+_SHARED_COLUMNS_MAX_ROWS = 1024
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -89,14 +90,14 @@ def _shared_when_small(
     maxsize: int,
 ) -> Callable[[Callable[Concatenate[int, _P], _T]], Callable[Concatenate[int, _P], _T]]:
     """Makes `make(rows, ...)` hand out one shared result per arguments for batches of at
-    most `_SHARED_NULLS_MAX_ROWS` rows (Arrow arrays are immutable), a new one for larger."""
+    most `_SHARED_COLUMNS_MAX_ROWS` rows (Arrow arrays are immutable), a new one for larger."""
 
     def wrap(make: Callable[Concatenate[int, _P], _T]) -> Callable[Concatenate[int, _P], _T]:
         shared = cast(Callable[Concatenate[int, _P], _T], functools.lru_cache(maxsize)(make))
 
         @functools.wraps(make)
         def made(rows: int, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-            return (shared if rows <= _SHARED_NULLS_MAX_ROWS else make)(rows, *args, **kwargs)
+            return (shared if rows <= _SHARED_COLUMNS_MAX_ROWS else make)(rows, *args, **kwargs)
 
         return made
 
