@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Protocol, Self, TypeVar
 
 import grpc
 import psutil
@@ -328,6 +328,14 @@ class Row:
         return (os.cpu_count() or 1) * 1e6 / self.cpu_us
 
 
+class MeasuredCluster(Protocol):
+    """What the throughput window reads of a cluster: its processes, and their memory."""
+
+    def pids(self) -> dict[int, int]: ...
+    def start_rss_sampling(self) -> None: ...
+    def stop_rss_sampling(self) -> dict[int, float]: ...
+
+
 def _cpu_seconds(pids: Iterable[int]) -> float:
     """User plus system CPU seconds the processes `pids` have used so far."""
     total = 0.0
@@ -341,7 +349,7 @@ async def _throughput(
     put: Put,
     inflight: int,
     seconds: float,
-    cluster: EtcdCluster | QuorumstoreCluster,
+    cluster: MeasuredCluster,
     row: Row,
 ) -> None:
     """puts/s, p99 latency of the puts in the timed window, peak RSS meanwhile, CPU
