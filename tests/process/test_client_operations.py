@@ -329,7 +329,8 @@ def test_async_notifications_of_one_shard(address: str, prefix: str) -> None:
 
 
 class _LoseFirstWriteResponse:
-    """An Oxia stub whose first Write reaches the server but whose answer is 'lost'."""
+    """An Oxia stub whose first write (a message on a WriteStream, as the client sends
+    its batches) reaches the server but whose answer is 'lost'."""
 
     def __init__(self, stub: object) -> None:
         self._stub = stub
@@ -338,10 +339,25 @@ class _LoseFirstWriteResponse:
     def __getattr__(self, name: str) -> object:
         return getattr(self._stub, name)
 
-    async def _write(self, request: object, **kwargs: object) -> object:
-        response = await self._stub.Write(request, **kwargs)  # type: ignore[attr-defined]
-        if not self.lost:
-            self.lost += 1
+    def WriteStream(self, **kwargs: object) -> object:
+        return _LosingStream(self, self._stub.WriteStream(**kwargs))  # type: ignore[attr-defined]
+
+
+class _LosingStream:
+    """A WriteStream call whose first answer is read, then 'lost' with the connection."""
+
+    def __init__(self, stub: _LoseFirstWriteResponse, call: grpc.aio.StreamStreamCall) -> None:
+        self._stub = stub
+        self._call = call
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._call, name)
+
+    async def read(self) -> object:
+        response = await self._call.read()
+        if not self._stub.lost:
+            self._stub.lost += 1
+            self._call.cancel()
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.aio.Metadata(),
@@ -349,10 +365,6 @@ class _LoseFirstWriteResponse:
                 "connection reset",
             )
         return response
-
-    @property
-    def Write(self) -> object:
-        return self._write
 
 
 @pytest.mark.parametrize("exactly_once", [True, False])

@@ -496,6 +496,41 @@ def test_stale_or_reused_serials_and_bad_metadata_are_refused(cluster: Cluster) 
     assert_invalid(lambda: eo_write(cluster, "c", str(1 << 63), "/k"), "decimal integer")
 
 
+def eo_stream(
+    c: Cluster, client_id: str, first_serial: str, keys: list[str]
+) -> list[pb.WriteResponse]:
+    """One WriteStream with exactly-once metadata, a one-put request per key."""
+    metadata = [(CLIENT_ID_METADATA_KEY, client_id), (SERIAL_METADATA_KEY, first_serial)]
+    requests = [pb.WriteRequest(shard=0, puts=[pb.PutRequest(key=k, value=b"v")]) for k in keys]
+    return list(c.stub.WriteStream(iter(requests), metadata=metadata, timeout=TIMEOUT))
+
+
+def test_a_write_streams_requests_carry_serials_counting_up_from_its_metadata(
+    cluster: Cluster,
+) -> None:
+    answers = eo_stream(cluster, "s", "5", ["/a", "/b", "/c"])
+    assert cluster.list() == ["/a", "/b", "/c"]
+    # The third request carried serial 7: its retry is answered, not applied again...
+    assert eo_write(cluster, "s", "7", "/c") == answers[2]
+    assert cluster.get("/c").version.modifications_count == 0
+    # ...and 6 is older than the client's latest.
+    error = rpc_error(lambda: eo_write(cluster, "s", "6", "/b"))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # A retry on a new stream from the last serial answers it and goes on from there.
+    again = eo_stream(cluster, "s", "7", ["/c", "/d"])
+    assert again[0] == answers[2]
+    assert [cluster.get(k).version.modifications_count for k in ("/c", "/d")] == [0, 0]
+
+
+def test_a_write_stream_with_bad_serial_metadata_is_refused(cluster: Cluster) -> None:
+    assert_invalid(lambda: eo_stream(cluster, "s", "x", ["/a"]), "decimal integer")
+    assert_invalid(lambda: eo_stream(cluster, "", "1", ["/a"]), "must be 1 to 256 bytes")
+    assert_invalid(
+        lambda: eo_stream(cluster, "s", str((1 << 63) - 1), ["/a", "/b"]), "would pass 2^63 - 1"
+    )
+    assert cluster.list() == ["/a"]  # the first request, with the last serial there is
+
+
 # ------------------------------------------------------------------ gateway routing
 
 
@@ -541,6 +576,17 @@ def test_a_gateway_relays_calls_for_shards_led_elsewhere(tmp_path: Path) -> None
         writes.put(None)
         answers = list(gateway.stub.WriteStream(iter(writes.get, None), timeout=TIMEOUT))
         assert [a.puts[0].version.modifications_count for a in answers] == list(range(20))
+        # A relayed exactly-once stream's writes each carry their own serial to the leader.
+        metadata = [(CLIENT_ID_METADATA_KEY, "relayed"), (SERIAL_METADATA_KEY, "40")]
+        requests = [pb.WriteRequest(shard=2, puts=[pb.PutRequest(key=k)]) for k in ("/x", "/y")]
+        answers = list(gateway.stub.WriteStream(iter(requests), metadata=metadata, timeout=TIMEOUT))
+        retry = leader.stub.Write(
+            requests[1],
+            metadata=[(CLIENT_ID_METADATA_KEY, "relayed"), (SERIAL_METADATA_KEY, "41")],
+            timeout=TIMEOUT,
+        )
+        assert retry == answers[1]
+        assert leader.get("/y", shard=2).version.modifications_count == 0
 
         # Relayed once only: a leader that is not one any more answers "not leader".
         leader.hosts[2].leader = False

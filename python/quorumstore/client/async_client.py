@@ -290,6 +290,8 @@ class AsyncClient:
         if self._sessions is not None:
             await self._sessions.close()
         await asyncio.gather(*(s.aclose() for s in list(self._subscriptions)))
+        if self._writer is not None:
+            self._writer.close()
         if self._directory is not None:
             await self._directory.close()
         if self._channels is not None:

@@ -5,26 +5,28 @@ entry: its puts are applied first, then its deletes, then its range deletes, and
 each gets its own status. Operations of one batch come from concurrent callers, so
 that order among them is as good as any other.
 
-Exactly-once: each batch carries a client id and a serial -- as gRPC metadata
-(`qs-client-id`, `qs-serial`) on Oxia's `Write`, as fields of the data service's
-`WriteArrow`. The shard remembers, per client id, the latest serial it applied and
-that write's results; a retry of the same batch after a failover (same id, same
-serial) is answered with the original results instead of being applied again.
-Because the shard keeps only the *latest* serial per id, two batches of one id must
-never be in flight at once (the later one could land first and turn the earlier one
-into an ignored "old" serial): the client id is therefore the client's random id
-plus the batch's lane (`batcher.py`), and a lane carries one batch at a time.
+Batches travel on a `WriteStream` per shard and lane (`write_streams.py`).
+
+Exactly-once: each batch carries a client id and a serial -- as the `qs-client-id` and
+`qs-serial` metadata of Oxia's `WriteStream` (the serial of its first request; each
+later one carries the next), as fields of the data service's `WriteArrow`. The shard
+remembers, per client id, the latest serial it applied and that write's results; a
+retry of the same batch after a failover (same id, same serial) is answered with the
+original results instead of being applied again. Because the shard keeps only the
+*latest* serial per id, two batches of one id must never be in flight at once (the
+later one could land first and turn the earlier one into an ignored "old" serial): the
+client id is therefore the client's random id plus the batch's lane (`batcher.py`), and
+a lane carries one batch at a time. Each lane of each shard counts its serials up by
+one, so that its batches follow each other on one stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from quorumstore.client.calls import ShardCaller
-from quorumstore.client.discovery import ROUTING_METADATA
 from quorumstore.client.errors import (
     InvalidRequest,
     KeyNotFound,
@@ -33,11 +35,9 @@ from quorumstore.client.errors import (
     UnexpectedVersionId,
 )
 from quorumstore.client.types import PutResult, version_from_proto
+from quorumstore.client.write_streams import WriteStreams
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2 as data_pb
-
-CLIENT_ID_METADATA_KEY = "qs-client-id"
-SERIAL_METADATA_KEY = "qs-serial"
 
 PUT, DELETE, DELETE_RANGE = 0, 1, 2
 #: Per-operation framing counted on top of keys and values when sizing a batch.
@@ -174,31 +174,33 @@ class WriteSender:
         self._namespace = namespace
         self._client_id = client_id
         self._exactly_once = exactly_once
-        # One counter for every lane and shard: increasing within each lane, as required.
-        self._serials = itertools.count()
+        #: Per (shard, lane): its next serial. A lane's serials must increase; counting
+        #: them up by one lets its batches share one stream (see `write_streams.py`).
+        self._serials: dict[tuple[int, int], int] = {}
+        self._streams = WriteStreams(caller.channels)
 
-    def _origin(self, lane: int) -> tuple[str, int] | None:
-        """A fresh (client id, serial) for the next batch of `lane`; None without exactly-once."""
+    def _origin(self, shard: int, lane: int) -> tuple[str, int] | None:
+        """A fresh (client id, serial) for the next batch of `lane` on `shard`; None
+        without exactly-once."""
         if not self._exactly_once:
             return None
-        return f"{self._client_id}/{lane}", next(self._serials)
+        serial = self._serials.get((shard, lane), 0)
+        self._serials[shard, lane] = serial + 1
+        return f"{self._client_id}/{lane}", serial
 
     async def write(self, shard: int, request: pb.WriteRequest, lane: int) -> pb.WriteResponse:
         """One Oxia write batch, retried with the same serial until it is applied once."""
-        origin = self._origin(lane)
-        metadata: tuple[tuple[str, str], ...] = ROUTING_METADATA
-        if origin is not None:
-            metadata += ((CLIENT_ID_METADATA_KEY, origin[0]), (SERIAL_METADATA_KEY, str(origin[1])))
-        stub = self._caller.channels.stub
+        origin = self._origin(shard, lane)
+        streams = self._streams
 
         async def attempt(leader: str, timeout_s: float) -> pb.WriteResponse:
-            return await stub(leader).Write(request, metadata=metadata, timeout=timeout_s)
+            return await streams.write(shard, lane, leader, request, origin, timeout_s)
 
         return await self._caller.call(shard, attempt, "write batch")
 
     async def write_arrow(self, shard: int, rows: bytes, lane: int) -> data_pb.WriteArrowResponse:
         """Arrow IPC rows (key, value) as one entry via the data service, exactly-once."""
-        origin = self._origin(lane)
+        origin = self._origin(shard, lane)
         request = data_pb.WriteArrowRequest(namespace=self._namespace, shard=shard, ipc=rows)
         if origin is not None:
             request.client_id, request.serial = origin
@@ -227,3 +229,7 @@ class WriteSender:
             fail(ops, e)
             return
         resolve(ops, response)
+
+    def close(self) -> None:
+        """Ends the open write streams (the client is closing)."""
+        self._streams.close()

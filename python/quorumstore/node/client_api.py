@@ -401,6 +401,24 @@ def _origin(context: grpc.aio.ServicerContext) -> ClientSerial | None:
     return ClientSerial(client_id, int(serial))
 
 
+def _next_serial(origin: ClientSerial) -> ClientSerial:
+    """The serial of a WriteStream's request after the one `origin` is of."""
+    if origin.serial + 1 >= 1 << 63:
+        raise _invalid(
+            f"metadata {SERIAL_METADATA_KEY}: the stream's serials would pass 2^63 - 1; "
+            "open a new stream with a lower serial"
+        )
+    return origin._replace(serial=origin.serial + 1)
+
+
+def _serial_metadata(origin: ClientSerial) -> list[tuple[str, str]]:
+    return [(CLIENT_ID_METADATA_KEY, origin.client_id), (SERIAL_METADATA_KEY, str(origin.serial))]
+
+
+def _without_serial(metadata: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in metadata if k not in (CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY)]
+
+
 def _relay_error(address: str, shard: int, error: grpc.aio.AioRpcError) -> RequestError:
     """The status a relayed call failed with, as this node's answer to the client."""
     details = error.details() or ""
@@ -550,13 +568,24 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             return hint
 
     async def _relay_unary(
-        self, address: str, method: str, request: Any, shard: int, context: grpc.aio.ServicerContext
+        self,
+        address: str,
+        method: str,
+        request: Any,
+        shard: int,
+        context: grpc.aio.ServicerContext,
+        origin: ClientSerial | None = None,
     ) -> Any:
+        """`method` on the leader at `address`; `origin`, when given, is the write's
+        exactly-once serial (one of a WriteStream's, not the stream's first)."""
         call = getattr(self._relays.stub(address), method)
+        metadata = forwarding.relay_metadata(context)
+        if origin is not None:
+            metadata = [*_without_serial(metadata), *_serial_metadata(origin)]
         try:
             return await call(
                 request,
-                metadata=forwarding.relay_metadata(context),
+                metadata=metadata,
                 timeout=context.time_remaining(),
             )
         except grpc.aio.AioRpcError as e:
@@ -777,7 +806,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         if isinstance(target, str):
             if previous is not None:
                 await asyncio.wait([previous])
-            return await self._relay_unary(target, "Write", request, request.shard, context)
+            return await self._relay_unary(target, "Write", request, request.shard, context, origin)
         if not (request.puts or request.deletes or request.delete_ranges):
             return pb.WriteResponse()
         if plain is None:
@@ -805,20 +834,28 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
 
         A refused request ends the stream with its status once the answers before it
         are sent; writes after it that had already started are abandoned, not undone
-        (as when a connection drops).
+        (as when a connection drops). With exactly-once metadata, `qs-serial` is the
+        serial of the stream's first request and each later one carries the next.
         """
+        try:
+            first = _origin(context)
+        except RequestError as e:
+            await e.abort(context)
         pending: asyncio.Queue[asyncio.Future[pb.WriteResponse] | None] = asyncio.Queue()
         inflight = asyncio.Semaphore(self._max_inflight_stream_writes)
 
         async def start_writes() -> None:
             previous: asyncio.Future[pb.WriteResponse] | None = None
+            origin = first
             try:
                 async for request in request_iterator:
                     await inflight.acquire()
                     previous = asyncio.ensure_future(
-                        self._write(request, context, previous=previous)
+                        self._write(request, context, origin, previous)
                     )
                     pending.put_nowait(previous)
+                    if origin is not None:
+                        origin = _next_serial(origin)
             finally:
                 pending.put_nowait(None)
 
