@@ -25,6 +25,7 @@ Usage: python bench/replication_bench.py [--seconds S] [--latency-n N] [--inflig
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import os
@@ -83,21 +84,69 @@ LEADER_ROUTING = (("qs-routing", "leader"),)
 # ---------------------------------------------------------------------- quorumstore
 
 
-class QuorumstoreCluster:
-    """`NODES` quorumstore node processes and a coordinator on loopback, fsync on.
+class ProcessCluster(abc.ABC):
+    """Server processes this benchmark started, by name (None: killed, not restarted).
 
     A context manager, like EtcdCluster: leaving it stops every process it started.
+    Subclasses start them and say which of them `pids` measures.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[str, subprocess.Popen[bytes] | None] = {}
+        self._sampler: _RssSampler | None = None
+
+    @abc.abstractmethod
+    def pids(self) -> dict[int, int]:
+        """Process id of each measured process that runs, by index."""
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.finish()
+            self._sampler = None
+        running = [p for p in self._procs.values() if p is not None and p.poll() is None]
+        for proc in running:
+            proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in running:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+
+    def start_rss_sampling(self) -> None:
+        self._sampler = _RssSampler(self.pids, 0.05)
+        self._sampler.start()
+
+    def stop_rss_sampling(self) -> dict[int, float]:
+        assert self._sampler is not None
+        peaks = self._sampler.finish()
+        self._sampler = None
+        return peaks
+
+
+class QuorumstoreCluster(ProcessCluster):
+    """`NODES` quorumstore node processes and a coordinator on loopback, fsync on.
+
     Data and logs live in `base_dir`.
     """
 
     def __init__(self, base_dir: Path, shards: int) -> None:
+        super().__init__()
         self._base = base_dir
         self._shards = shards
         ports = _free_ports(NODES + 1)
         self.nodes = [f"{LOCALHOST}:{p}" for p in ports[:NODES]]
         self.admin = f"{LOCALHOST}:{ports[NODES]}"
-        self._procs: dict[str, subprocess.Popen[bytes] | None] = {}
-        self._sampler: _RssSampler | None = None
 
     def _argv(self, name: str) -> list[str]:
         if name == "coordinator":
@@ -138,30 +187,6 @@ class QuorumstoreCluster:
             self.stop()
             raise
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self._sampler is not None:
-            self._sampler.finish()
-            self._sampler = None
-        running = [p for p in self._procs.values() if p is not None and p.poll() is None]
-        for proc in running:
-            proc.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in running:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._procs.clear()
 
     def status(self) -> repl_pb.ClusterStatus:
         with grpc.insecure_channel(self.admin, CHANNEL_OPTIONS) as channel:
@@ -216,16 +241,6 @@ class QuorumstoreCluster:
     def restart(self, node: str) -> None:
         self._spawn(node)
         self.wait_converged()
-
-    def start_rss_sampling(self) -> None:
-        self._sampler = _RssSampler(self.pids, 0.05)
-        self._sampler.start()
-
-    def stop_rss_sampling(self) -> dict[int, float]:
-        assert self._sampler is not None
-        peaks = self._sampler.finish()
-        self._sampler = None
-        return peaks
 
 
 class PlainOxiaClient:

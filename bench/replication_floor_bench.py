@@ -46,7 +46,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import grpc
@@ -62,10 +61,10 @@ from etcd_peer import (
     EtcdClient,
     EtcdCluster,
     _free_ports,
-    _RssSampler,
     etcd_binary,
 )
 from replication_bench import (
+    ProcessCluster,
     QuorumstoreCluster,
     Row,
     _cancellable,
@@ -235,17 +234,15 @@ async def _serve(port: int, log_path: Path, followers: list[str]) -> None:
     await server.wait_for_termination()
 
 
-class FloorCluster:
-    """Two floor followers and a floor leader on loopback; a context manager that stops
-    them on leaving. Has what `replication_bench._throughput` reads of a cluster."""
+class FloorCluster(ProcessCluster):
+    """Two floor followers and a floor leader on loopback; logs live in `base_dir`."""
 
     def __init__(self, base_dir: Path) -> None:
+        super().__init__()
         self._base = base_dir
         ports = _free_ports(FLOOR_NODES)
         self.leader = f"{LOCALHOST}:{ports[0]}"
         self._followers = [f"{LOCALHOST}:{p}" for p in ports[1:]]
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._sampler: _RssSampler | None = None
 
     def __enter__(self) -> Self:
         self._base.mkdir(parents=True, exist_ok=True)
@@ -256,63 +253,29 @@ class FloorCluster:
                 if address == self.leader:
                     argv += self._followers
                 with open(self._base / f"node-{port}.log", "ab") as out:
-                    self._procs.append(
-                        subprocess.Popen(
-                            argv,
-                            stdin=subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
+                    self._procs[address] = subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
                     )
         except BaseException:
             self.stop()
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self._sampler is not None:
-            self._sampler.finish()
-            self._sampler = None
-        for proc in self._procs:
-            proc.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._procs.clear()
-
     def check_alive(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is not None:
+        for address, proc in self._procs.items():
+            if proc is not None and proc.poll() is not None:
                 raise RuntimeError(
-                    f"floor node (pid {proc.pid}) exited with code {proc.returncode}; "
+                    f"floor node {address} exited with code {proc.returncode}; "
                     f"see its log in {self._base}"
                 )
 
     def pids(self) -> dict[int, int]:
-        return {i: proc.pid for i, proc in enumerate(self._procs)}
-
-    def start_rss_sampling(self) -> None:
-        self._sampler = _RssSampler(self.pids, 0.05)
-        self._sampler.start()
-
-    def stop_rss_sampling(self) -> dict[int, float]:
-        assert self._sampler is not None
-        peaks = self._sampler.finish()
-        self._sampler = None
-        return peaks
+        """The followers', then the leader's."""
+        return {i: p.pid for i, p in enumerate(self._procs.values()) if p is not None}
 
 
 class FloorClient:
