@@ -86,7 +86,6 @@ REPLICATE_METHOD = "/floor.Follower/Replicate"
 #: An Append on a follower's stream: the entry's offset, then its Arrow IPC bytes.
 _OFFSET = struct.Struct("<q")
 READY_TIMEOUT_S = 30.0
-STOP_GRACE_S = 10.0
 
 
 # ---------------------------------------------------------------------- floor nodes

@@ -411,12 +411,11 @@ def _next_serial(origin: ClientSerial) -> ClientSerial:
     return origin._replace(serial=origin.serial + 1)
 
 
-def _serial_metadata(origin: ClientSerial) -> list[tuple[str, str]]:
+def _serial_metadata(origin: ClientSerial | None) -> list[tuple[str, str]]:
+    """The exactly-once metadata of a write with `origin` (none without one)."""
+    if origin is None:
+        return []
     return [(CLIENT_ID_METADATA_KEY, origin.client_id), (SERIAL_METADATA_KEY, str(origin.serial))]
-
-
-def _without_serial(metadata: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in metadata if k not in (CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY)]
 
 
 def _relay_error(address: str, shard: int, error: grpc.aio.AioRpcError) -> RequestError:
@@ -576,16 +575,13 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         context: grpc.aio.ServicerContext,
         origin: ClientSerial | None = None,
     ) -> Any:
-        """`method` on the leader at `address`; `origin`, when given, is the write's
-        exactly-once serial (one of a WriteStream's, not the stream's first)."""
+        """`method` on the leader at `address`; `origin` is a write's exactly-once serial
+        (a WriteStream's request's own, not the stream's first)."""
         call = getattr(self._relays.stub(address), method)
-        metadata = forwarding.relay_metadata(context)
-        if origin is not None:
-            metadata = [*_without_serial(metadata), *_serial_metadata(origin)]
         try:
             return await call(
                 request,
-                metadata=metadata,
+                metadata=forwarding.relay_metadata(_serial_metadata(origin)),
                 timeout=context.time_remaining(),
             )
         except grpc.aio.AioRpcError as e:
@@ -595,7 +591,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self, address: str, method: str, request: Any, shard: int, context: grpc.aio.ServicerContext
     ) -> AsyncGenerator[Any, None]:
         call = getattr(self._relays.stub(address), method)(
-            request, metadata=forwarding.relay_metadata(context)
+            request, metadata=forwarding.relay_metadata()
         )
         try:
             async for response in call:

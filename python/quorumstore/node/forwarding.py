@@ -31,8 +31,6 @@ from quorumstore.proto import oxia_client_pb2_grpc
 
 ROUTING_METADATA_KEY = "qs-routing"
 FORWARDED_METADATA_KEY = "qs-forwarded"
-#: Metadata of a client call that travels with it when relayed.
-_RELAYED_KEYS = ("qs-client-id", "qs-serial")
 _GATEWAY_USER_AGENT_PREFIX = "grpc-python"
 
 
@@ -67,10 +65,10 @@ def may_relay(context: grpc.aio.ServicerContext) -> bool:
     )
 
 
-def relay_metadata(context: grpc.aio.ServicerContext) -> Sequence[tuple[str, str]]:
-    metadata = _metadata(context)
-    relayed = [(k, metadata[k]) for k in _RELAYED_KEYS if k in metadata]
-    return [(FORWARDED_METADATA_KEY, "1"), *relayed]
+def relay_metadata(carried: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    """Metadata of a relayed call: the mark that it was relayed, and what the call
+    carries on to the leader (a write's exactly-once client id and serial)."""
+    return [(FORWARDED_METADATA_KEY, "1"), *carried]
 
 
 #: Relayed messages may be as large as the client's; a leader that was down is retried
