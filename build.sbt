@@ -1,6 +1,6 @@
 // Builds the quorumstore StateStoreProvider jar where sbt and Maven Central are at hand:
 //   sbt package   ->  executor_node/target/quorumstore-state-store.jar
-// Offline, `python executor_node/build_jar.py` builds the same jar from the same sources with
+// Offline, `python -m quorumstore.spark.jar_build` builds the same jar from the same sources with
 // the Scala compiler and Spark jars inside the pyspark wheel.
 
 ThisBuild / scalaVersion := "2.13.18"

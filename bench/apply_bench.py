@@ -23,9 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or not
 
 from quorumstore.protocol.types import LogEntry
-from quorumstore.storage.kv import RocksKv
+from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.state_machine import ShardStateMachine
-from quorumstore.storage.write_batch import ClientSerial, WriteBatchBuilder
+from quorumstore.storage.write_batch import WriteBatchBuilder
+from quorumstore.wire.metadata import ClientSerial
 
 #: A realistic wall clock (ms since the epoch) for the entries' timestamps.
 START_MS = 1_790_000_000_000

@@ -45,12 +45,12 @@ sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or n
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from quorumstore.data_client import DataClient
+from quorumstore.client.data_service import DataClient
 from quorumstore.spark.datasource_read import SPARK_BATCH_ROWS, RowShaper, output_schema
 from quorumstore.spark.datasource_values import ValueCodec
-from quorumstore.storage.state_machine import SCAN_SCHEMA
-from quorumstore.storage.write_batch import ClientSerial
 from quorumstore.testing import standalone_server
+from quorumstore.wire.metadata import ClientSerial
+from quorumstore.wire.schemas import SCAN_SCHEMA
 
 SHARDS = 4
 VALUE_BYTES = 100

@@ -25,9 +25,9 @@ import psutil
 import pyarrow as pa
 from etcd_peer import _RssSampler
 
-from quorumstore.data_client import DataClient
-from quorumstore.storage.write_batch import ClientSerial
+from quorumstore.client.data_service import DataClient
 from quorumstore.testing import standalone_server
+from quorumstore.wire.metadata import ClientSerial
 
 KEY_BYTES = 13
 ROWS_PER_CHUNK = 100_000

@@ -74,8 +74,8 @@ from replication_bench import (
 )
 
 from quorumstore import AsyncClient, event_loops
-from quorumstore.arrow_ipc import ipc_bytes
-from quorumstore.node.plain_puts import plain_puts
+from quorumstore.arrow.ipc import ipc_bytes
+from quorumstore.node.oxia.plain_puts import plain_puts
 from quorumstore.proto import oxia_client_pb2 as oxia_pb
 
 FLOOR_NODES = 3

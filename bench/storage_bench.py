@@ -27,9 +27,10 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))  # runs from a checkout, installed or not
 
-from quorumstore.arrow_ipc import ipc_bytes
+from quorumstore.arrow.ipc import ipc_bytes
 from quorumstore.protocol.types import LogEntry, LogPosition, make_entry
-from quorumstore.storage.wal import RECORD_HEADER, Wal
+from quorumstore.storage.wal import Wal
+from quorumstore.storage.wal_format import RECORD_HEADER
 
 BATCH_SIZES = (1, 100, 1000)
 GROUPS = (1, 16)

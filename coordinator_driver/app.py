@@ -6,7 +6,7 @@
 Settings come from conf/quorumstore.conf, overridden by ``--conf spark.quorumstore.*``
 (see python/quorumstore/spark/config.py for the keys). The coordinator runs in this
 driver process, the storage nodes in executor tasks (coordinator_driver/ is the
-driver side, executor_node/ the executor side). It prints the client endpoint, serves
+driver side, quorumstore.spark.node_task the executor side). It prints the client endpoint, serves
 until SIGTERM or SIGINT, then stops the cluster and the application.
 
 SIGTERM usually reaches spark-submit's JVM rather than this Python process. Left alone,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs quorumstore with its test dependencies and runs every test tier, fastest first:
-# static checks (mypy, ruff), unit, deterministic simulation, process (real servers on
+# static checks (mypy, ruff, import layering), unit, integration (in-process servers), the
+# fresh install of a built wheel, deterministic simulation, process (real servers on
 # loopback), Spark (local mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,12 +27,19 @@ run_tier() {  # run_tier NAME COMMAND...
 }
 
 run_pytest() { python -m pytest -q -p no:cacheprovider "$@"; }
-# Type hints of the package (it ships py.typed) and the benchmarks, lint and formatting.
 py_dirs=(python tests bench examples coordinator_driver executor_node)
-static_checks() { python -m mypy && python -m ruff check "${py_dirs[@]}" && python -m ruff format --check "${py_dirs[@]}"; }
+# Type hints of the package (it ships py.typed) and the benchmarks, lint, formatting, and
+# the import layering contracts of .importlinter.
+static_checks() {
+  python -m mypy && python -m ruff check "${py_dirs[@]}" && python -m ruff format --check "${py_dirs[@]}" \
+    && lint-imports --no-cache
+}
 
 run_tier static static_checks
 run_tier unit run_pytest tests/unit
+run_tier integration run_pytest tests/integration
+# A wheel installed into an empty virtual environment, run from outside the checkout.
+run_tier "fresh install" bash scripts/fresh-install.sh
 run_tier simulation run_pytest tests/simulation
 run_tier process run_pytest tests/process
 # Each Spark module runs in its own pytest process, so each gets a fresh JVM: the

@@ -3,8 +3,7 @@
 uvloop (libuv underneath) when it is installed, which it is wherever it builds;
 asyncio's own loop otherwise (uvloop has no Windows build). grpc.aio works on any
 asyncio loop, and a replicated write wakes the loop a dozen times, each wake-up
-cheaper on libuv: the nodes' CPU per put fell by about a tenth (ARCHITECTURE.md,
-"Servers"). A user's own loop, the one an `AsyncClient` runs on, stays the user's
+cheaper on libuv (docs/performance.md has the measurement). A user's own loop, the one an `AsyncClient` runs on, stays the user's
 choice.
 """
 

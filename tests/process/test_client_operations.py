@@ -35,7 +35,7 @@ from quorumstore.client import (
 )
 from quorumstore.client.discovery import Channels
 from quorumstore.client.loop_thread import LoopThread
-from quorumstore.storage.keys import compare_keys
+from quorumstore.wire.keys import compare_keys
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 

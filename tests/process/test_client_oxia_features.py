@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import STANDALONE_SHARDS, poll_until
+from cluster_harness import STANDALONE_SHARDS, poll_until
 from quorumstore import AsyncClient, Client
 from quorumstore.client import (
     INDEX_SCAN_SCHEMA,
@@ -30,8 +30,8 @@ from quorumstore.client import (
 from quorumstore.client.sessions import SESSION_CLOSE_TIMEOUT_S
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
-from quorumstore.storage.keys import compare_keys
 from quorumstore.testing import standalone_server
+from quorumstore.wire.keys import compare_keys
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 

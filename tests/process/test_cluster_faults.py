@@ -1,7 +1,7 @@
 """Process-level fault tests of a replicated cluster (the "runnable replicated cluster" issue).
 
 Every test runs real OS processes (`quorumstore node` x3 and `quorumstore coordinator`,
-see conftest.LocalCluster) and drives them with the official Oxia client. The faults
+see cluster_harness.LocalCluster) and drives them with the official Oxia client. The faults
 are real too: kill -9, SIGSTOP/SIGCONT, deleting a data directory, restarting on the
 same port.
 
@@ -27,28 +27,24 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-from conftest import poll_until
-from quorumstore.cli import _fetch_status, all_replicas_serving, format_status
-from quorumstore.storage.kv import RocksKv
-from quorumstore.storage.state_machine import ShardReader
+from cluster_harness import LocalCluster, WriteLoad, poll_until, run_cli, start_cli
+from quorumstore.cli.status import fetch_status
+from quorumstore.coordinator.cluster_status import all_replicas_serving, format_status
+from quorumstore.storage.reads import ShardReader
+from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.wal import Wal
 from quorumstore.testing import official_oxia_client
 
-if TYPE_CHECKING:  # conftest's classes, for annotations only (fixtures hand out the objects)
-    from conftest import LocalCluster, WriteLoad
-
-    MakeCluster = Callable[..., LocalCluster]
-    MakeLoad = Callable[..., WriteLoad]
-    Measure = Callable[[str], None]
+MakeCluster = Callable[..., LocalCluster]
+MakeLoad = Callable[..., WriteLoad]
+Measure = Callable[[str], None]
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -445,13 +441,10 @@ def _pid_exists(pid: int) -> bool:
 
 
 def _start_cli_cluster(data_dir: Path, base_port: int) -> subprocess.Popen[str]:
-    command = [
-        sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", "3", "--shards", "2",
-        "--replication-factor", "3", "--data-dir", str(data_dir), "--base-port", str(base_port),
-    ]  # fmt: skip
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    return start_cli(
+        "cluster", "--nodes", "3", "--shards", "2", "--replication-factor", "3",
+        "--data-dir", str(data_dir), "--base-port", str(base_port),
+    )  # fmt: skip
 
 
 def _follow_output(process: subprocess.Popen[str]) -> tuple[list[str], threading.Thread]:
@@ -505,20 +498,7 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
                 f"value-{i}".encode() for i in range(20)
             ]
 
-        status = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "quorumstore.cli",
-                "status",
-                "--coordinator",
-                coordinator.group(1),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        status = run_cli("status", "--coordinator", coordinator.group(1), timeout_s=30)
         assert status.returncode == 0, status.stderr
         assert re.search(r"default/0\s+online", status.stdout) and re.search(
             r"default/1\s+online", status.stdout
@@ -547,7 +527,7 @@ def test_cli_cluster_command_end_to_end(tmp_path: Path, port_block: Callable[[in
             assert f"{name} exited (killed by SIGKILL); the end of {log_file}" in output
             assert "restarting it in 0.5 s from its data directory" in output
             poll_until(
-                lambda: all_replicas_serving(_fetch_status(coordinator.group(1))),
+                lambda: all_replicas_serving(fetch_status(coordinator.group(1))),
                 timeout_s=30,
                 what=f"every replica to serve again after {name} restarted",
             )
@@ -596,10 +576,9 @@ def test_cli_cluster_children_never_outlive_it(
         children = _children_of(first.pid)
         assert len(children) == 4, f"expected 3 nodes and a coordinator, found {children}"
 
-        second = subprocess.run(
-            [sys.executable, "-m", "quorumstore.cli", "cluster", "--nodes", "3", "--shards", "2",
-             "--data-dir", str(tmp_path / "other"), "--base-port", str(base)],
-            capture_output=True, text=True, timeout=60, check=False,
+        second = run_cli(
+            "cluster", "--nodes", "3", "--shards", "2",
+            "--data-dir", str(tmp_path / "other"), "--base-port", str(base),
         )  # fmt: skip
         assert second.returncode == 2, second.stdout + second.stderr
         assert f"cannot listen on 127.0.0.1:{base} for node 0" in second.stderr, second.stderr

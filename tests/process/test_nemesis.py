@@ -21,14 +21,11 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import pytest
 
+from cluster_harness import LocalCluster
 from quorumstore import AsyncClient
-
-if TYPE_CHECKING:
-    from conftest import LocalCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """The official Oxia Python client (`oxia` 0.2.1) against `quorumstore standalone` and
-against a 3-node `quorumstore cluster` (replication factor 3).
+against a cluster of 3 `quorumstore node` processes (replication factor 3).
 
 This is the compatibility claim tested end to end: an unmodified Oxia client
 discovers the shards, routes by its own hash, and sees Oxia's semantics for puts,
@@ -9,93 +9,22 @@ gets, conditional writes, deletes and hierarchical scans merged across shards.
 from __future__ import annotations
 
 import functools
-import re
-import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import oxia
 import oxia.ex
 import pytest
 
+from cluster_harness import LocalCluster
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
-from quorumstore.storage.keys import compare_keys
-from quorumstore.testing import official_oxia_client
+from quorumstore.testing import official_oxia_client, standalone_server
+from quorumstore.wire.keys import compare_keys
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
 
 SHARDS = 3
-STARTUP_TIMEOUT_S = 60
-LISTENING = re.compile(r"(?:quorumstore standalone listening on|client address:) (\S+:\d+)")
-
-
-def _read_address(process: subprocess.Popen[str], log: Path) -> str:
-    """The address from the server's 'listening' line, or a failure quoting its log.
-
-    Its stdout is read to the end on a thread, so that the server never blocks on a
-    full pipe.
-    """
-    found: list[str] = []
-    listening = threading.Event()
-
-    def drain() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            match = LISTENING.search(line)
-            if match and not found:
-                found.append(match.group(1))
-                listening.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not listening.wait(STARTUP_TIMEOUT_S):
-        process.kill()
-        process.wait()
-        pytest.fail(
-            f"quorumstore standalone printed no address within {STARTUP_TIMEOUT_S} s "
-            f"(exit code {process.returncode}); its log:\n{log.read_text()[-4000:]}"
-        )
-    return found[0]
-
-
-def _free_port_block(size: int) -> int:
-    """A base port with `size` free consecutive ports after it (the cluster's layout)."""
-    for base in range(21000, 30000, 97):
-        sockets = []
-        try:
-            for port in range(base, base + size):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no block of free loopback ports found")
-
-
-def _server_command(kind: str, data_dir: Path) -> list[str]:
-    if kind == "standalone":
-        return ["standalone", "--shards", str(SHARDS), "--port", "0", "--data-dir", str(data_dir)]
-    return [
-        "cluster",
-        "--nodes",
-        "3",
-        "--shards",
-        str(SHARDS),
-        "--replication-factor",
-        "3",
-        "--data-dir",
-        str(data_dir),
-        "--base-port",
-        str(_free_port_block(4)),
-    ]
 
 
 @pytest.fixture(scope="module", params=["standalone", "cluster"])
@@ -105,30 +34,16 @@ def standalone(
     """A `quorumstore standalone` process with SHARDS shards, or a 3-node cluster with
     SHARDS shards at replication factor 3; yields a client address."""
     data_dir = tmp_path_factory.mktemp(request.param)
-    log = data_dir / "server.log"
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quorumstore.cli",
-                *_server_command(request.param, data_dir / "data"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
+    if request.param == "standalone":
+        with standalone_server(data_dir / "data", SHARDS) as address:
+            yield address
+        return
+    cluster = LocalCluster(data_dir, nodes=3, shards=SHARDS, replication_factor=3)
     try:
-        yield _read_address(process, log)
+        cluster.start()
+        yield cluster.nodes[0]
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
+        cluster.close()
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The rest of Oxia's client API, with the official `oxia` 0.2.1 client, on 3-node clusters.
 
 The client is used unmodified. It cannot follow a shard map that changes (see
-`quorumstore.node.forwarding`), so it is served in gateway mode: the node it was given
+`quorumstore.node.oxia.relay`), so it is served in gateway mode: the node it was given
 relays calls for shards led elsewhere, and a kill -9 of a shard's leader is a window
 of failed calls, which the tests retry (the client itself never retries). Exactly-once
 writes, which Oxia lacks, are exercised with raw gRPC stubs and invocation metadata.
@@ -23,13 +23,12 @@ import oxia.ex
 import pyarrow as pa
 import pytest
 
-from conftest import LocalCluster, poll_until
-from quorumstore.data_client import DataClient
-from quorumstore.node.client_api import CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY
+from cluster_harness import LocalCluster, poll_until
+from quorumstore.client.data_service import DataClient
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
-from quorumstore.storage.write_batch import ClientSerial
 from quorumstore.testing import official_oxia_client
+from quorumstore.wire.metadata import CLIENT_ID_METADATA_KEY, SERIAL_METADATA_KEY, ClientSerial
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -291,7 +290,7 @@ def test_a_large_write_reaches_a_notification_subscriber(
         # A leader changed meanwhile (a loaded machine can stall a node long enough for
         # an election; the 5 MB entries once stalled a loop ~300 ms, now applied off it):
         # the official client re-reads a broken entry from its start, at least once by
-        # design (node/notifications.py).
+        # design (node/oxia/notifications.py).
         assert sorted(set(ours())) == keys
     notifications.close()
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cluster_harness import run_cli, start_cli
 from quorumstore import Client
 from quorumstore.client import QuorumStoreError
 from quorumstore.coordinator.metadata_store import MetadataStore
@@ -47,10 +47,7 @@ def test_restart_on_a_new_port_serves_the_data_written_before(tmp_path: Path) ->
 def test_data_directory_of_a_cluster_is_refused_in_one_line(tmp_path: Path) -> None:
     metadata = initial_metadata(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], {"default": 2}, 3)
     MetadataStore(str(tmp_path / "coordinator" / "metadata.pb")).save(metadata)
-    result = subprocess.run(
-        [sys.executable, "-m", "quorumstore.cli", "standalone", "--port", "0", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    result = run_cli("standalone", "--port", "0", "--data-dir", str(tmp_path))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "describes a cluster of 3 nodes" in result.stderr
     assert "Traceback" not in result.stderr
@@ -64,10 +61,9 @@ def test_a_standalone_whose_file_writes_fail_stops_in_one_line_and_keeps_what_it
     the error, instead of serving a shard it can no longer write; started again, it
     serves every write it acknowledged."""
     data = tmp_path / "data"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "quorumstore.cli", "standalone", "--port", "0", "--data-dir", str(data)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    process = start_cli(
+        "standalone", "--port", "0", "--data-dir", str(data), stderr=subprocess.PIPE
+    )
     acked: list[str] = []
     try:
         assert process.stdout is not None and process.stderr is not None

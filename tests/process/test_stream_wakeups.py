@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from quorumstore.node.client_api import DEFAULT_STREAM_RECHECK_INTERVAL_S
+from quorumstore.node.oxia.streams import DEFAULT_STREAM_RECHECK_INTERVAL_S
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.testing import standalone_server

@@ -12,21 +12,17 @@ import os
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pytest
 
-from conftest import poll_until
+from cluster_harness import LocalCluster, WriteLoad, poll_until
 from quorumstore import Client
-from quorumstore.data_client import DataClient
+from quorumstore.client.data_service import DataClient
 
-if TYPE_CHECKING:
-    from conftest import LocalCluster, WriteLoad
-
-    MakeCluster = Callable[..., LocalCluster]
-    MakeLoad = Callable[..., WriteLoad]
-    Measure = Callable[[str], None]
+MakeCluster = Callable[..., LocalCluster]
+MakeLoad = Callable[..., WriteLoad]
+Measure = Callable[[str], None]
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ duplicated, when nodes tick, fsync, flush their KV, trim their WAL, crash (losin
 was not synced) and restart, when the coordinator crashes and restarts, partitions, and
 client writes. The nodes run the real engine (`ShardReplica`, `Coordinator`) and the
 real KV state machine over an in-memory KV with crash semantics. The invariants of
-DESIGN.md are checked after every step; a failure names the seed and the command that
+docs/protocol.md are checked after every step; a failure names the seed and the command that
 replays it.
 """
 
@@ -35,7 +35,7 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.protocol.replica import ReplicaConfig, ShardReplica
 from quorumstore.protocol.types import LogEntry, LogPosition, Role
-from quorumstore.storage.kv import MemoryKv
+from quorumstore.storage.memory_kv import MemoryKv
 from quorumstore.storage.snapshot import install_snapshot, iter_snapshot_chunks
 from quorumstore.storage.state_machine import ShardStateMachine
 from quorumstore.storage.write_batch import WriteBatchBuilder
@@ -553,7 +553,7 @@ class Simulation:
                             self.fail(
                                 f"acknowledged write at {offset} was replaced in the committed history"
                             )
-        # Seed 002's commit rule: a leader moves its commit offset only onto its own term.
+        # Replication and the commit rule: a leader moves its commit offset only onto its own term.
         if replica.role is Role.LEADER:
             seen = self._leader_commits.get((node.name, shard))
             if (

@@ -22,7 +22,7 @@ from harness import InvariantViolation, SimConfig, SimNode, run_seed
 
 import quorumstore.protocol.replica as replica_module
 from quorumstore.protocol import election, quorum
-from quorumstore.protocol.replica import CursorState
+from quorumstore.protocol.follow_cursor import CursorState
 
 pytestmark = pytest.mark.simulation
 

@@ -2,13 +2,12 @@
 
 One Spark session (`local[2,3]`: two task slots, a failed task is tried up to 3 times)
 and one `quorumstore standalone` server (4 shards) serve the module; the failover test
-starts its own 3-node cluster of OS processes (tests/process/conftest.py's LocalCluster)
+starts its own 3-node cluster of OS processes (tests/cluster_harness.py's LocalCluster)
 and kills a shard leader with SIGKILL while a stream reads the change feed.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sys
@@ -25,12 +24,13 @@ from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cluster_harness import LocalCluster
 from quorumstore import Client
-from quorumstore.data_client import DataClient
+from quorumstore.client.data_service import DataClient
 from quorumstore.spark.datasource import register
 from quorumstore.spark.datasource_values import parse_schema
-from quorumstore.storage.write_batch import ClientSerial
 from quorumstore.testing import standalone_server
+from quorumstore.wire.metadata import ClientSerial
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -587,21 +587,11 @@ def test_the_sink_writes_each_micro_batch_once_even_when_replayed(
 # ------------------------------------------------------------------ failover under the change feed
 
 
-def _local_cluster_class():
-    path = Path(__file__).resolve().parents[1] / "process" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("quorumstore_process_cluster", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.LocalCluster
-
-
 @pytest.mark.timeout(300)
 def test_the_change_feed_delivers_every_change_once_across_a_leader_kill(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    cluster = _local_cluster_class()(
+    cluster = LocalCluster(
         tmp_path / "cluster", nodes=3, shards=2, replication_factor=3, fsync=False
     )
     query = None

@@ -1,6 +1,6 @@
-"""The README's first command runs the main job; this runs that job as written and checks
-what it prints: a hosted cluster, a streaming aggregation whose state lives in quorumstore,
-and the committed counts read back as a DataFrame."""
+"""The README's first command runs the main job (`quorumstore demo`); this runs that
+command as installed and checks what it prints: a hosted cluster, a streaming aggregation
+whose state lives in quorumstore, and the committed counts read back as a DataFrame."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+#: The installed entry point, next to the interpreter running the tests.
+QUORUMSTORE = Path(sys.executable).with_name("quorumstore")
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -23,8 +24,8 @@ def test_main_job_counts_events_per_user(
 ) -> None:
     run = subprocess.run(
         [
-            sys.executable,
-            str(REPO / "examples" / "main_job.py"),
+            str(QUORUMSTORE),
+            "demo",
             "--base-port",
             str(free_port_block(4)),
             "--work-dir",

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-BUILD_JAR = Path(__file__).resolve().parents[2] / "executor_node" / "build_jar.py"
+from quorumstore.spark import jar_build
 
 
 @pytest.fixture(scope="module")
 def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    spec = importlib.util.spec_from_file_location("build_jar", BUILD_JAR)
-    assert spec is not None and spec.loader is not None
-    build_jar = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build_jar)
-    return build_jar.check_classpath(tmp_path_factory.mktemp("classes"))
+    return jar_build.check_classpath(tmp_path_factory.mktemp("classes"))
 
 
 def _run_check(classpath: str, main_class: str) -> str:

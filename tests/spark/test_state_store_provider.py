@@ -1,7 +1,7 @@
 """The quorumstore StateStoreProvider against Spark's own RocksDB provider.
 
 Two tiers share one SparkSession (local[2]) and one 3-node cluster (replication factor 3,
-real processes on loopback, started with tests/process's LocalCluster):
+real processes on loopback, started with tests/cluster_harness.py's LocalCluster):
 
 - the provider API driven directly through py4j, the same calls on both providers, for
   what operators cannot show precisely: ordering of scans, column families, several
@@ -14,7 +14,6 @@ real processes on loopback, started with tests/process's LocalCluster):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -33,18 +32,11 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cluster_harness import LocalCluster
 from quorumstore.spark.conf_keys import KNOWN_KEYS
 from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS, spark_confs
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-_PROCESS_CONFTEST = Path(__file__).resolve().parents[1] / "process" / "conftest.py"
-_spec = importlib.util.spec_from_file_location("quorumstore_process_fixtures", _PROCESS_CONFTEST)
-assert _spec is not None and _spec.loader is not None
-_process = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _process  # dataclasses look their module up there
-_spec.loader.exec_module(_process)
-LocalCluster = _process.LocalCluster
 
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 PROVIDERS = {"rocksdb": ROCKSDB_PROVIDER_CLASS, "quorumstore": PROVIDER_CLASS}

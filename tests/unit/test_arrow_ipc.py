@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from quorumstore.arrow_ipc import NotIpcStream, ipc_batches, ipc_bytes, read_ipc
+from quorumstore.arrow.ipc import NotIpcStream, ipc_batches, ipc_bytes, read_ipc
 
 SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary())], metadata={b"m": b"1"})
 

@@ -15,10 +15,14 @@ from quorumstore.storage.change_log import (
     changes_kept_after,
     read_changes,
 )
-from quorumstore.storage.keys import INTERNAL_PREFIX, compare_keys, encode_key
-from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
+from quorumstore.storage.keys import INTERNAL_PREFIX
+from quorumstore.storage.kv import KvStore
+from quorumstore.storage.memory_kv import MemoryKv
+from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.state_machine import ShardStateMachine
-from quorumstore.storage.write_batch import ClientSerial, Op, WriteBatchBuilder
+from quorumstore.storage.write_batch import Op, WriteBatchBuilder
+from quorumstore.wire.keys import compare_keys, encode_key
+from quorumstore.wire.metadata import ClientSerial
 
 T0 = 1_700_000_000_000
 #: See test_the_stored_record_bytes_do_not_change_between_versions.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from quorumstore import wire
-from quorumstore.cli import format_status
+from quorumstore.coordinator.cluster_status import format_status
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ShardState, initial_metadata
+from quorumstore.wire import replication as wire
 
 NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 

@@ -9,8 +9,8 @@ import pytest
 
 from quorumstore.client import arrow
 from quorumstore.client.routing import ShardAssignment, ShardMap
-from quorumstore.storage.keys import compare_keys, encode_key
-from quorumstore.storage.state_machine import SCAN_SCHEMA
+from quorumstore.wire.keys import compare_keys, encode_key
+from quorumstore.wire.schemas import SCAN_SCHEMA
 
 KEYS = [f"/k/{i}" for i in range(50)]
 VALUES = [f"v{i}".encode() for i in range(50)]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import xxhash
 
-from quorumstore.client.routing import ShardAssignment, ShardMap, key_hash
+from quorumstore.client.routing import ShardAssignment, ShardMap
 from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.wire.hashing import key_hash
 
 HALF = 2**31
 

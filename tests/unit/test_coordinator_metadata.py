@@ -1,10 +1,9 @@
 """Starting a coordinator: saved metadata (renamed nodes, mismatched node lists and shard
-counts, bad URLs) and its status port."""
+counts, bad URLs) checked before it serves anything."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,29 +55,6 @@ def test_coordinator_refuses_metadata_placed_on_other_nodes(tmp_path: Path) -> N
         MetadataError, match=r"places shards on 127\.0\.0\.1:7003, which is not among"
     ):
         asyncio.run(CoordinatorServer(config).start())
-
-
-def test_coordinator_keeps_saved_shard_counts_and_says_so(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    url = str(tmp_path / "metadata.pb")
-    MetadataStore(url).save(initial_metadata(NODES, {"default": 2}, 3))
-    config = CoordinatorServerConfig(
-        nodes=NODES, metadata_url=url, namespaces={"default": 5}, replication_factor=3
-    )
-
-    async def start_and_stop() -> int:
-        server = CoordinatorServer(config)
-        await server.start()
-        try:
-            assert server.engine is not None
-            return len(server.engine.metadata.shards)
-        finally:
-            await server.stop()
-
-    with caplog.at_level(logging.WARNING, logger="quorumstore.coordinator.server"):
-        assert asyncio.run(start_and_stop()) == 2
-    assert "holds 'default' with 2 shards; keeping it, not 'default' with 5 shards" in caplog.text
 
 
 def test_an_unknown_metadata_url_scheme_is_refused_with_what_to_do() -> None:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quorumstore.storage.keys import _KERNEL_MIN_KEYS as KERNEL_MIN_KEYS
-from quorumstore.storage.keys import (
+from quorumstore.wire.keys import _KERNEL_MIN_KEYS as KERNEL_MIN_KEYS
+from quorumstore.wire.keys import (
     USER_KEYS_END,
     USER_KEYS_START,
     compare_keys,

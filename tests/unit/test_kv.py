@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from quorumstore.storage import kv as kv_module
-from quorumstore.storage.kv import KvClosedError, KvMemory, KvStore, MemoryKv, RocksKv
+from quorumstore.storage import rocks_kv
+from quorumstore.storage.kv import KvClosedError, KvStore
+from quorumstore.storage.memory_kv import MemoryKv
+from quorumstore.storage.rocks_kv import KvMemory, RocksKv
 
 
 @pytest.fixture(params=["memory", "rocks"])
@@ -36,7 +39,7 @@ def test_point_reads(kv: KvStore) -> None:
 def test_multi_get_across_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """RocksKv looks keys up a slice at a time: every slice, the last partial one
     included, answers in order."""
-    monkeypatch.setattr(kv_module, "_MULTI_GET_SLICE", 3)
+    monkeypatch.setattr(rocks_kv, "_MULTI_GET_SLICE", 3)
     store = RocksKv(tmp_path / "db")
     fill(store, KEYS)
     asked = [b"nope", *reversed(KEYS), b"\x01bb", KEYS[0]]
@@ -143,7 +146,7 @@ def test_write_applies_ranges_then_deletes_then_puts(kv: KvStore) -> None:
 
 
 def test_write_takes_its_puts_as_made_by_a_generator(kv: KvStore) -> None:
-    """A large apply hands its records over as they are made (state_machine._items)."""
+    """A large apply hands its records over as they are made (columnar_apply._items)."""
     made: list[bytes] = []
 
     def puts() -> Iterator[tuple[bytes, bytes]]:

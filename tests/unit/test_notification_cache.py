@@ -10,9 +10,9 @@ import random
 import pytest
 from test_change_log import Log
 
-from quorumstore.node import notifications as notifications_module
-from quorumstore.node.notifications import NotificationCache, notification_batches
-from quorumstore.storage.kv import MemoryKv
+from quorumstore.node.oxia import notifications as notifications_module
+from quorumstore.node.oxia.notifications import NotificationCache, notification_batches
+from quorumstore.storage.memory_kv import MemoryKv
 from quorumstore.storage.write_batch import WriteBatchBuilder
 
 SHARD = 3

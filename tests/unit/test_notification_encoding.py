@@ -9,9 +9,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quorumstore.node.notifications import notification_batches
+from quorumstore.arrow.protobuf_columns import varints
+from quorumstore.node.oxia.notifications import notification_batches
 from quorumstore.proto import oxia_client_pb2 as pb
-from quorumstore.protobuf_columns import varints
 from quorumstore.storage.change_log import CHANGES_SCHEMA, ChangeEvent
 from quorumstore.storage.write_batch import Op
 

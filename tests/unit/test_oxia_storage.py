@@ -13,19 +13,17 @@ from pathlib import Path
 import pytest
 
 from quorumstore.protocol.types import LogPosition, make_entry
-from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
-from quorumstore.storage.secondary_indexes import index_order
+from quorumstore.storage.kv import KvStore
+from quorumstore.storage.memory_kv import MemoryKv
+from quorumstore.storage.reads import KeyComparison
+from quorumstore.storage.records import Record
+from quorumstore.storage.results import OpResult, Status, decode_results, encode_results
+from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.sequences import MAX_SEQUENCE
-from quorumstore.storage.state_machine import (
-    KeyComparison,
-    OpResult,
-    Record,
-    ShardStateMachine,
-    Status,
-    decode_results,
-    encode_results,
-)
-from quorumstore.storage.write_batch import ClientSerial, WriteBatchBuilder
+from quorumstore.storage.state_machine import ShardStateMachine
+from quorumstore.storage.write_batch import WriteBatchBuilder
+from quorumstore.wire.keys import index_order
+from quorumstore.wire.metadata import ClientSerial
 
 
 class Shard:

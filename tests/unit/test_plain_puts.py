@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quorumstore.node.plain_puts import plain_puts
+from quorumstore.node.oxia.plain_puts import plain_puts
 from quorumstore.proto import oxia_client_pb2 as pb
 
 _KEY_AND_VALUE = {pb.PutRequest.KEY_FIELD_NUMBER, pb.PutRequest.VALUE_FIELD_NUMBER}

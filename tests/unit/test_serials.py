@@ -1,12 +1,16 @@
-"""Exactly-once writes (seed 003): a retried (client id, serial) takes effect once."""
+"""Exactly-once writes (docs/protocol.md, Exactly-once serials): a retried (client id,
+serial) takes effect once."""
 
 from __future__ import annotations
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, make_entry
-from quorumstore.storage.kv import MemoryKv, RocksKv
+from quorumstore.storage.memory_kv import MemoryKv
+from quorumstore.storage.results import OpResult, Status
+from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.serials import SERIAL_TTL_MS, serial_key
-from quorumstore.storage.state_machine import OpResult, ShardStateMachine, Status
-from quorumstore.storage.write_batch import ClientSerial, WriteBatchBuilder
+from quorumstore.storage.state_machine import ShardStateMachine
+from quorumstore.storage.write_batch import WriteBatchBuilder
+from quorumstore.wire.metadata import ClientSerial
 
 
 def _put(key: str, value: bytes, ts: int, origin: ClientSerial | None) -> bytes:

@@ -27,7 +27,7 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, Role, make_entry
-from quorumstore.storage.state_machine import EntryResult, Status
+from quorumstore.storage.results import EntryResult, Status
 from quorumstore.storage.write_batch import WriteBatchBuilder, puts_batch
 
 SHARD = ("default", 0)

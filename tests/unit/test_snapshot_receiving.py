@@ -14,7 +14,7 @@ from quorumstore.node.node import Node, NodeConfig
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.types import LogPosition
-from quorumstore.storage.kv import MemoryKv
+from quorumstore.storage.memory_kv import MemoryKv
 from quorumstore.storage.snapshot import iter_snapshot_chunks
 
 SHARD = 0

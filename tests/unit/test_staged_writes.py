@@ -9,16 +9,14 @@ import pytest
 
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
 from quorumstore.storage import staging
-from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
+from quorumstore.storage.kv import KvStore
+from quorumstore.storage.memory_kv import MemoryKv
+from quorumstore.storage.results import EntryResult, Status
+from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.snapshot import install_snapshot, iter_snapshot_chunks
-from quorumstore.storage.state_machine import EntryResult, ShardStateMachine, Status
-from quorumstore.storage.write_batch import (
-    ClientSerial,
-    Staging,
-    StagingKind,
-    WriteBatchBuilder,
-    puts_batch,
-)
+from quorumstore.storage.state_machine import ShardStateMachine
+from quorumstore.storage.write_batch import Staging, StagingKind, WriteBatchBuilder, puts_batch
+from quorumstore.wire.metadata import ClientSerial
 
 WRITE = "ab" * 16
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,31 +10,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from quorumstore.arrow_ipc import ipc_bytes
-from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, make_entry
-from quorumstore.storage import state_machine
-from quorumstore.storage.keys import compare_keys, key_range
-from quorumstore.storage.kv import KvStore, MemoryKv, RocksKv
+from quorumstore.arrow.ipc import ipc_bytes
+from quorumstore.protocol.types import EMPTY_POSITION, LogPosition, make_entry
+from quorumstore.storage import columnar_apply as columnar_kernel
+from quorumstore.storage.kv import KvStore
+from quorumstore.storage.memory_kv import MemoryKv
+from quorumstore.storage.reads import APPLIED_KEY, KeyComparison, ShardReader
+from quorumstore.storage.records import Record, decode_record, encode_record
+from quorumstore.storage.results import EntryResult, OpResult, Status
+from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.snapshot import install_snapshot, iter_snapshot_chunks
-from quorumstore.storage.state_machine import (
-    APPLIED_KEY,
-    SCAN_SCHEMA,
-    EntryResult,
-    KeyComparison,
-    LogDivergenceError,
-    LogGapError,
-    OpResult,
-    Record,
-    ShardReader,
-    ShardStateMachine,
-    Status,
-    decode_record,
-    encode_record,
-)
+from quorumstore.storage.state_machine import LogDivergenceError, LogGapError, ShardStateMachine
 from quorumstore.storage.write_batch import (
     SCHEMA,
     VERSION_ID_NOT_EXISTS,
-    ClientSerial,
     Op,
     Staging,
     StagingKind,
@@ -47,23 +33,10 @@ from quorumstore.storage.write_batch import (
     encode_batch,
     puts_batch,
 )
-
-hierarchical = functools.cmp_to_key(compare_keys)
-
-
-def position_of(entry: LogEntry) -> LogPosition:
-    return LogPosition(entry.term, entry.offset, entry.checksum)
-
-
-def chain(
-    payloads: list[bytes], term: int = 1, after: LogPosition = EMPTY_POSITION
-) -> list[LogEntry]:
-    entries = []
-    for payload in payloads:
-        entry = make_entry(after, term, payload)
-        entries.append(entry)
-        after = position_of(entry)
-    return entries
+from quorumstore.wire.keys import compare_keys, key_range
+from quorumstore.wire.metadata import ClientSerial
+from quorumstore.wire.schemas import SCAN_SCHEMA
+from state_machine_logs import chain, hierarchical, position_of, random_log, replay
 
 
 class Shard:
@@ -356,40 +329,6 @@ def test_unknown_op_is_rejected_before_anything_is_written(shard: Shard) -> None
 
 # --- exactly once ----------------------------------------------------------------
 
-SMALL_KEYS = ["a", "b", "a/1", "a/2", "a/b/c", "b/x", "c\x00", "é/1"]
-
-
-def random_log(seed: int, length: int) -> list[LogEntry]:
-    """Mixed batches over a small key space, so that versions collide and matter."""
-    rng = random.Random(seed)
-    payloads = []
-    for i in range(length):
-        builder = WriteBatchBuilder()
-        for _ in range(rng.choice([0, 1, 2, 5, 12])):
-            roll = rng.random()
-            expected = None if roll < 0.6 else -1 if roll < 0.75 else rng.randrange(2 * i + 2)
-            roll = rng.random()
-            if roll < 0.7:
-                builder.add_put(
-                    rng.choice(SMALL_KEYS),
-                    rng.randbytes(rng.randrange(8)),
-                    expected,
-                    client_identity=rng.choice([None, "c1"]),
-                )
-            elif roll < 0.95:
-                builder.add_delete(rng.choice(SMALL_KEYS), expected)
-            else:
-                start, end = sorted(rng.sample(SMALL_KEYS, 2), key=hierarchical)
-                builder.add_delete_range(start, rng.choice([end, ""]))
-        payloads.append(builder.build(timestamp_ms=1_000 + 10 * i))
-    return chain(payloads, term=rng.choice([1, 2]))
-
-
-def replay(entries: list[LogEntry]) -> tuple[int, list[EntryResult | None]]:
-    sm = ShardStateMachine(MemoryKv())
-    results = sm.apply(entries)
-    return sm.state_digest(), results
-
 
 @pytest.mark.parametrize("seed,crash_after", [(1, 0), (2, 7), (3, 19), (4, 30)])
 def test_rocks_applies_each_entry_once_across_a_restart(
@@ -412,45 +351,6 @@ def test_rocks_applies_each_entry_once_across_a_restart(
     assert results[crash_after:] == clean_results[crash_after:]
     assert sm.state_digest() == digest
     assert sm.applied_position == position_of(log[-1])
-    kv.close()
-
-
-_KILLED_CHILD = """
-import os, sys
-sys.path[:0] = sys.argv[4:]
-from test_state_machine import random_log
-from quorumstore.storage.kv import RocksKv
-from quorumstore.storage.state_machine import ShardStateMachine
-log = random_log(int(sys.argv[2]), 30)
-ShardStateMachine(RocksKv(sys.argv[1])).apply(log[: int(sys.argv[3])])
-os._exit(0)  # no flush, no close: the process just dies
-"""
-
-
-def test_rocks_recovers_from_a_killed_process(tmp_path: Path) -> None:
-    seed, applied = 21, 17
-    log = random_log(seed, 30)
-    digest, clean_results = replay(log)
-    paths = [str(Path(__file__).parent), *sys.path]
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _KILLED_CHILD,
-            str(tmp_path / "db"),
-            str(seed),
-            str(applied),
-            *paths,
-        ],
-        check=True,
-        timeout=120,
-    )
-    kv = RocksKv(tmp_path / "db")
-    sm = ShardStateMachine(kv)
-    # Unsynced writes survive a process kill (they are in the OS page cache).
-    assert sm.applied_position == position_of(log[applied - 1])
-    assert sm.apply(log)[applied:] == clean_results[applied:]
-    assert sm.state_digest() == digest
     kv.close()
 
 
@@ -834,7 +734,9 @@ def test_columnar_apply_equals_the_loop(
         head = position_of(entry)
         results = {}
         for name, machine in machines.items():
-            monkeypatch.setattr(state_machine, "_COLUMNAR_MIN_OPS", 10**9 if name == "loop" else 16)
+            monkeypatch.setattr(
+                columnar_kernel, "_COLUMNAR_MIN_OPS", 10**9 if name == "loop" else 16
+            )
             [results[name]] = machine.apply([entry])
         assert results["columnar"] == results["loop"]
         for key, result in zip(keys, results["loop"].results):
@@ -842,7 +744,7 @@ def test_columnar_apply_equals_the_loop(
                 versions[key] = result.version.version_id
         for key in [k for k in versions if machines["loop"].get(k) is None]:
             del versions[key]  # deleted by a range
-    monkeypatch.setattr(state_machine, "_COLUMNAR_MIN_OPS", 16)
+    monkeypatch.setattr(columnar_kernel, "_COLUMNAR_MIN_OPS", 16)
     views = [list(m._store.scan(b"", None)) for m in machines.values()]  # internal keys too
     assert views[0] == views[1]
     assert len(versions) > 60  # live keys, after the ranges deleted some
@@ -898,7 +800,7 @@ def test_a_prepared_apply_equals_the_apply_proper(
     """`prepare` computes an entry's apply without making it; the apply then writes what
     was computed. Every result and the whole KV (internal keys too) must be what the
     apply proper makes, and preparing must change nothing."""
-    monkeypatch.setattr(state_machine, "_COLUMNAR_MIN_OPS", 16)
+    monkeypatch.setattr(columnar_kernel, "_COLUMNAR_MIN_OPS", 16)
     proper = ShardStateMachine(RocksKv(tmp_path / "proper"))
     prepared = ShardStateMachine(RocksKv(tmp_path / "prepared"))
     rng = random.Random(seed)

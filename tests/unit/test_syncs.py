@@ -14,7 +14,8 @@ import pytest
 
 from quorumstore.node.syncs import SyncRunner
 from quorumstore.protocol.types import make_entry
-from quorumstore.storage.wal import SyncTicket, Wal
+from quorumstore.storage.wal import Wal
+from quorumstore.storage.wal_sync import SyncTicket
 
 
 class SlowTicket(SyncTicket):

@@ -23,7 +23,8 @@ from quorumstore.protocol.types import (
     chain_checksum,
     make_entry,
 )
-from quorumstore.storage.wal import RECORD_HEADER, Wal, WalError
+from quorumstore.storage.wal import Wal
+from quorumstore.storage.wal_format import RECORD_HEADER, WalError
 
 HEADER = RECORD_HEADER.size
 FIRST_SEGMENT = "00000000000000000000.wal"

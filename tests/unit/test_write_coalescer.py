@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from quorumstore.node.write_coalescer import WriteCoalescer
+from quorumstore.node.oxia.write_coalescer import WriteCoalescer
 from quorumstore.proto import oxia_client_pb2 as pb
-from quorumstore.storage.state_machine import EntryResult, OpResult, Status
+from quorumstore.storage.results import EntryResult, OpResult, Status
 
 
 def _put(*keys: str) -> pb.WriteRequest:

@@ -21,9 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quorumstore.client.routing import ShardMap
-from quorumstore.storage.keys import encode_keys
-from quorumstore.storage.secondary_indexes import INDEX_ORDER_SEPARATOR
-from quorumstore.storage.state_machine import INDEX_SCAN_SCHEMA, SCAN_SCHEMA
+from quorumstore.wire.keys import INDEX_ORDER_SEPARATOR, encode_keys
+from quorumstore.wire.schemas import INDEX_SCAN_SCHEMA, ROWS_SCHEMA, SCAN_SCHEMA
 
 #: Rows and (about) bytes of one `WriteArrow` call of `put_many`.
 BULK_BATCH_ROWS = 65536
@@ -38,11 +37,6 @@ PutManyData: TypeAlias = (
     | tuple[
         pa.Array | pa.ChunkedArray | Sequence[str], pa.Array | pa.ChunkedArray | Sequence[bytes]
     ]
-)
-
-#: Columns of the rows `put_many` sends.
-ROWS_SCHEMA = pa.schema(
-    [pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary(), nullable=False)]
 )
 
 
@@ -92,7 +86,7 @@ def split_by_shard(
     rows = pa.RecordBatch.from_arrays([keys, values], schema=ROWS_SCHEMA)
     if len(shards.shards) == 1:
         return {shards.shards[0]: rows}
-    ids = pa.array([shards.shard_for(k) for k in keys.to_pylist()], pa.int64())
+    ids = pa.array(shards.shards_for(keys.to_pylist()))
     return {shard: rows.filter(pc.equal(ids, shard)) for shard in pc.unique(ids).to_pylist()}
 
 
@@ -107,7 +101,7 @@ def row_batches(rows: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
 def merge_tables(tables: Sequence[pa.Table], *, by_index: bool = False) -> pa.Table:
     """One table of every shard's rows, in hierarchical key order; `by_index`: rows
     found through an index, in index order -- by secondary key, then primary key
-    (`secondary_indexes.index_order`, column-wise)."""
+    (`wire.keys.index_order`, column-wise)."""
     if not tables:
         return (INDEX_SCAN_SCHEMA if by_index else SCAN_SCHEMA).empty_table()
     table = pa.concat_tables(tables).combine_chunks()

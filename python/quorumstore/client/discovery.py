@@ -24,25 +24,10 @@ from quorumstore.client.routing import ShardMap
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
 from quorumstore.proto import quorumstore_data_pb2 as data_pb
+from quorumstore.wire.channels import CLIENT_CHANNEL_OPTIONS
+from quorumstore.wire.metadata import LEADER_ROUTING_METADATA
 
 log = logging.getLogger(__name__)
-
-#: Asks every node for Oxia's leader routing: this client follows the shard map and
-#: sends each call to the shard's leader. (Without it a node serves grpc-python
-#: clients as a gateway that relays their calls: an extra hop, see node/forwarding.py.)
-ROUTING_METADATA = (("qs-routing", "leader"),)
-
-_CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    # A channel of its own per address: gRPC otherwise shares subchannels, and with
-    # them the reconnect backoff of a dead node, with every later channel to it.
-    ("grpc.use_local_subchannel_pool", 1),
-    # A restarted node is found again within a second, not gRPC's default two minutes.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.enable_retries", 0),
-]
 
 
 class Channels:
@@ -62,7 +47,7 @@ class Channels:
     ) -> tuple[oxia_client_pb2_grpc.OxiaClientStub, quorumstore_data_pb2_grpc.QuorumstoreDataStub]:
         stubs = self._stubs.get(address)
         if stubs is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(address, options=CLIENT_CHANNEL_OPTIONS)
             self._channels.append(channel)
             stubs = self._stubs[address] = (
                 oxia_client_pb2_grpc.OxiaClientStub(channel),
@@ -179,7 +164,7 @@ class Directory:
             request = pb.ShardAssignmentsRequest(namespace=self._namespace)
             try:
                 stream = self._channels.stub(address).GetShardAssignments(
-                    request, metadata=ROUTING_METADATA
+                    request, metadata=LEADER_ROUTING_METADATA
                 )
                 async for message in stream:
                     entry = message.namespaces.get(self._namespace)

@@ -5,7 +5,7 @@ entry's offset. The subscription follows each shard's leader and, after a failur
 re-opens the shard's stream after the last offset it delivered: the change log is
 replicated, so a new leader continues exactly there, with no gap and no repeat. A
 large entry comes in several batches, all but the last tagged with the offset before
-it (see `quorumstore.node.notifications`), so a stream broken between them sends the
+it (see `quorumstore.node.oxia.notifications`), so a stream broken between them sends the
 entry again from its start; the subscription skips the batches it already delivered,
 which every leader cuts alike. `offsets` is what to pass as `start_offsets` to resume
 in a new subscription (one started between such batches gets the entry whole).
@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Mapping
 from typing import NamedTuple, Self
 
 from quorumstore.client.calls import ShardCaller
-from quorumstore.client.discovery import ROUTING_METADATA
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
+from quorumstore.wire.metadata import LEADER_ROUTING_METADATA
 
 #: Notifications buffered per subscription before the shard streams wait for the reader.
 _QUEUE_SIZE = 10_000
@@ -114,7 +114,7 @@ class Subscription:
             if start is not None:
                 request.start_offset_exclusive = start
             skip = parts
-            return stub.GetNotifications(request, metadata=ROUTING_METADATA)
+            return stub.GetNotifications(request, metadata=LEADER_ROUTING_METADATA)
 
         try:
             async for batch in self._caller.stream(shard, open_stream, "notifications"):

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from quorumstore.client.calls import ShardCaller
-from quorumstore.client.discovery import ROUTING_METADATA
 from quorumstore.client.errors import InvalidRequest, KeyNotFound, QuorumStoreError
 from quorumstore.client.types import Record, version_from_proto
 from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.wire.metadata import LEADER_ROUTING_METADATA
 
 
 class IndexMatch(NamedTuple):
@@ -67,7 +67,7 @@ class ReadSender:
 
         async def attempt(leader: str, timeout_s: float) -> list[pb.GetResponse]:
             results: list[pb.GetResponse] = []
-            call = stub(leader).Read(request, timeout=timeout_s, metadata=ROUTING_METADATA)
+            call = stub(leader).Read(request, timeout=timeout_s, metadata=LEADER_ROUTING_METADATA)
             async for message in call:
                 results.extend(message.gets)
             return results

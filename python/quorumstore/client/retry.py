@@ -31,12 +31,9 @@ from quorumstore.client.errors import (
     QuorumStoreError,
     SessionDoesNotExist,
 )
+from quorumstore.wire.metadata import LEADER_HINT_METADATA_KEY
+from quorumstore.wire.status import OxiaCode
 
-#: Trailing metadata entry of a not-leader error that names the current leader.
-LEADER_HINT_METADATA_KEY = "leader-hint"
-_NOT_LEADER_PREFIX = "node is not leader"
-_NAMESPACE_NOT_FOUND_PREFIX = "oxia: namespace not found"
-_SESSION_NOT_FOUND_PREFIX = "oxia: session not found"
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -47,22 +44,28 @@ class Transient(NamedTuple):
     leader_hint: str | None
 
 
-def classify(error: grpc.aio.AioRpcError) -> Transient | QuorumStoreError:
-    """A retriable failure, or the error to raise to the caller."""
+def classify(error: grpc.RpcError) -> Transient | QuorumStoreError:
+    """A retriable failure, or the error to raise to the caller (of a blocking or an
+    asyncio call: both carry the code, details and trailing metadata)."""
     code, details = error.code(), error.details() or ""
     if code in _TRANSIENT:
         return Transient(f"{code.name}: {details}", None)
     if code == grpc.StatusCode.FAILED_PRECONDITION or (
-        code == grpc.StatusCode.UNKNOWN and details.startswith(_NOT_LEADER_PREFIX)
+        code == grpc.StatusCode.UNKNOWN
+        and details.startswith(OxiaCode.NODE_IS_NOT_LEADER.message_prefix)
     ):
         hint = None
         for key, value in error.trailing_metadata() or ():
             if key == LEADER_HINT_METADATA_KEY:
                 hint = value if isinstance(value, str) else value.decode()
         return Transient(details, hint)
-    if code == grpc.StatusCode.UNKNOWN and details.startswith(_NAMESPACE_NOT_FOUND_PREFIX):
+    if code == grpc.StatusCode.UNKNOWN and details.startswith(
+        OxiaCode.NAMESPACE_NOT_FOUND.message_prefix
+    ):
         return NamespaceNotFound(details)
-    if code == grpc.StatusCode.UNKNOWN and details.startswith(_SESSION_NOT_FOUND_PREFIX):
+    if code == grpc.StatusCode.UNKNOWN and details.startswith(
+        OxiaCode.SESSION_NOT_FOUND.message_prefix
+    ):
         return SessionDoesNotExist(None, details)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"the server refused the request: {details}")
@@ -72,7 +75,10 @@ def classify(error: grpc.aio.AioRpcError) -> Transient | QuorumStoreError:
 
 
 class Backoff:
-    """Exponential backoff with full jitter: spreads the retries of many clients.
+    """Exponential backoff with jitter: spreads the retries of many clients (the
+    asyncio client's and the data service client's). Supervisors that restart
+    something on their own machine wait by `quorumstore.backoff.DoublingBackoff`
+    instead: no crowd to spread there, and a run that lasted starts the waits over.
 
     >>> b = Backoff(initial_s=0.01, max_s=0.04)
     >>> [round(b.limit, 2) for _ in range(4) if b.next_delay() >= 0]

@@ -14,19 +14,13 @@ so it puts keys on other shards than every other client; this one does not.)
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-import xxhash
+import numpy as np
 
 from quorumstore.proto import oxia_client_pb2 as pb
-
-_HASH_MASK = 0xFFFFFFFF
-
-
-def key_hash(key: str) -> int:
-    """Low 32 bits of XXH3-64 of the key's UTF-8 bytes: Oxia's shard router."""
-    return xxhash.xxh3_64_intdigest(key.encode()) & _HASH_MASK
+from quorumstore.wire.hashing import HASH_SPACE, key_hash
 
 
 class ShardAssignment(NamedTuple):
@@ -53,11 +47,14 @@ class ShardMap:
                     "the ranges must tile the 32-bit hash space"
                 )
             expected = a.max_hash_inclusive + 1
-        if expected != _HASH_MASK + 1:
+        if expected != HASH_SPACE:
             raise ValueError(f"the hash ranges end at {expected - 1:#010x}, not at 0xffffffff")
         self._starts = [a.min_hash_inclusive for a in ordered]
         self._ordered = [a.shard for a in ordered]
         self._leaders = {a.shard: a.leader for a in ordered}
+        # The same, as arrays for `shards_for`.
+        self._start_array = np.array(self._starts, np.int64)
+        self._shard_array = np.array(self._ordered, np.int64)
 
     @classmethod
     def from_proto(cls, namespace: pb.NamespaceShardsAssignment) -> ShardMap:
@@ -84,6 +81,11 @@ class ShardMap:
     def shard_for(self, routing_key: str) -> int:
         return self._ordered[bisect.bisect_right(self._starts, key_hash(routing_key)) - 1]
 
+    def shards_for(self, routing_keys: Sequence[str]) -> np.ndarray:
+        """`shard_for` of every key, as an int64 array: one search for a bulk path's keys."""
+        hashes = np.fromiter((key_hash(k) for k in routing_keys), np.int64, len(routing_keys))
+        return self._shard_array[np.searchsorted(self._start_array, hashes, side="right") - 1]
+
     def leader(self, shard: int) -> str | None:
         """The shard's leader; None while it has none or the shard is not in the map."""
         return self._leaders.get(shard) or None
@@ -92,6 +94,7 @@ class ShardMap:
         """This map with `shard` led by `leader` (a not-leader error's hint)."""
         changed = object.__new__(ShardMap)
         changed._starts, changed._ordered = self._starts, self._ordered
+        changed._start_array, changed._shard_array = self._start_array, self._shard_array
         changed._leaders = {**self._leaders, shard: leader}
         return changed
 

@@ -19,12 +19,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 from quorumstore.client.calls import ShardCaller
-from quorumstore.client.discovery import ROUTING_METADATA
 from quorumstore.client.types import Record, version_from_proto
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
-from quorumstore.storage.keys import encode_key
-from quorumstore.storage.secondary_indexes import index_order
+from quorumstore.wire.keys import encode_key, index_order
+from quorumstore.wire.metadata import LEADER_ROUTING_METADATA
 
 T = TypeVar("T")
 
@@ -49,7 +48,7 @@ async def shard_records(
         if last is not None:
             request.start_inclusive = last.key if index_name is None else last.secondary_index_key
             delivered = sort_key(last)
-        return stub.RangeScan(request, metadata=ROUTING_METADATA)
+        return stub.RangeScan(request, metadata=LEADER_ROUTING_METADATA)
 
     async for message in caller.stream(shard, open_stream, "range scan"):
         records = list(message.records)
@@ -77,7 +76,7 @@ async def shard_keys(
             keys.clear()  # a re-opened index listing starts over
         elif keys:
             request.start_inclusive = keys[-1]
-        return stub.List(request, metadata=ROUTING_METADATA)
+        return stub.List(request, metadata=LEADER_ROUTING_METADATA)
 
     async for message in caller.stream(shard, open_stream, "list"):
         chunk = list(message.keys)

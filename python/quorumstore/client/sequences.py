@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from typing import Self
 
 from quorumstore.client.calls import ShardCaller
-from quorumstore.client.discovery import ROUTING_METADATA
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
+from quorumstore.wire.metadata import LEADER_ROUTING_METADATA
 
 
 class SequenceSubscription:
@@ -41,7 +41,7 @@ class SequenceSubscription:
         request = pb.GetSequenceUpdatesRequest(shard=self.shard, key=self.prefix_key)
 
         def open_stream(stub: OxiaClientStub) -> AsyncIterator[pb.GetSequenceUpdatesResponse]:
-            return stub.GetSequenceUpdates(request, metadata=ROUTING_METADATA)
+            return stub.GetSequenceUpdates(request, metadata=LEADER_ROUTING_METADATA)
 
         try:
             async for update in caller.stream(self.shard, open_stream, "sequence updates"):

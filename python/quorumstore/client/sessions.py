@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from quorumstore.client.calls import ShardCaller
-from quorumstore.client.discovery import ROUTING_METADATA
 from quorumstore.client.errors import QuorumStoreError, SessionDoesNotExist
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
-from quorumstore.storage.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS
+from quorumstore.wire.metadata import LEADER_ROUTING_METADATA
+from quorumstore.wire.sessions import MAX_SESSION_TIMEOUT_MS, MIN_SESSION_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -95,7 +95,7 @@ class ShardSessions:
 
         async def attempt(leader: str, attempt_timeout_s: float) -> R:
             return await method(stub(leader))(
-                request, metadata=ROUTING_METADATA, timeout=attempt_timeout_s
+                request, metadata=LEADER_ROUTING_METADATA, timeout=attempt_timeout_s
             )
 
         return await self._caller.call(shard, attempt, what, timeout_s)

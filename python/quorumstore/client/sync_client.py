@@ -21,8 +21,9 @@ from typing import Any, Generic, Self, TypeVar
 
 import pyarrow as pa
 
+from quorumstore.client.arguments import SecondaryIndexes
 from quorumstore.client.arrow import PutManyData
-from quorumstore.client.async_client import AsyncClient, SecondaryIndexes
+from quorumstore.client.async_client import AsyncClient
 from quorumstore.client.loop_thread import LoopThread
 from quorumstore.client.notifications import Notification, Subscription
 from quorumstore.client.sequences import SequenceSubscription

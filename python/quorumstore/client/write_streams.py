@@ -1,8 +1,7 @@
 """Write batches sent on one long-lived Oxia `WriteStream` per shard and lane.
 
 A unary `Write` pays a gRPC call's setup on both ends for every batch; a message on an
-open stream does not, and replicated writes are answered sooner (ARCHITECTURE.md,
-"Client"). A lane carries one batch at a time (`batcher.py`), so its stream holds at most
+open stream does not, so replicated writes are answered sooner. A lane carries one batch at a time (`batcher.py`), so its stream holds at most
 one request, and the answer read next is that request's.
 
 Exactly-once: a stream opened with `qs-client-id` and `qs-serial` metadata gives its
@@ -21,11 +20,13 @@ from typing import NamedTuple
 
 import grpc
 
-from quorumstore.client.discovery import ROUTING_METADATA, Channels
+from quorumstore.client.discovery import Channels
 from quorumstore.proto import oxia_client_pb2 as pb
-
-CLIENT_ID_METADATA_KEY = "qs-client-id"
-SERIAL_METADATA_KEY = "qs-serial"
+from quorumstore.wire.metadata import (
+    CLIENT_ID_METADATA_KEY,
+    LEADER_ROUTING_METADATA,
+    SERIAL_METADATA_KEY,
+)
 
 
 class _LaneStream(NamedTuple):
@@ -58,7 +59,7 @@ class WriteStreams:
         stream = self._open.get(key)
         if stream is None or stream.leader != leader or stream.next_serial != serial:
             self._drop(key)
-            metadata: tuple[tuple[str, str], ...] = ROUTING_METADATA
+            metadata: tuple[tuple[str, str], ...] = LEADER_ROUTING_METADATA
             if origin is not None:
                 metadata += (
                     (CLIENT_ID_METADATA_KEY, origin[0]),

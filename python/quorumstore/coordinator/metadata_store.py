@@ -13,10 +13,10 @@ from pathlib import Path
 
 import fsspec
 
-from quorumstore import wire
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata
 from quorumstore.storage.durable_files import replace_durably
+from quorumstore.wire import replication as wire
 
 
 class MetadataError(ValueError):

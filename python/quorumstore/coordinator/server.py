@@ -18,8 +18,6 @@ from typing import Any
 
 import grpc
 
-from quorumstore import wire
-from quorumstore.addresses import host_port
 from quorumstore.backoff import DoublingBackoff
 from quorumstore.coordinator.failure_timeout import (
     DEFAULT_FAILURE_TIMEOUT_MS,
@@ -28,7 +26,6 @@ from quorumstore.coordinator.failure_timeout import (
     failure_ticks,
 )
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
-from quorumstore.node.transport import GRPC_OPTIONS, SERVER_OPTIONS, listen
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.coordinator import (
@@ -46,6 +43,9 @@ from quorumstore.protocol.messages import (
     NodeUnreachable,
     StatusRequest,
 )
+from quorumstore.wire import replication as wire
+from quorumstore.wire.addresses import host_port
+from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS, SERVER_OPTIONS, listen
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class _NodeLink:
     def __init__(self, server: CoordinatorServer, address: str):
         self.server = server
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self.channel = grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
         self.stub = pb_grpc.NodeControlStub(self.channel)
         self.pings: asyncio.Queue[int] = asyncio.Queue()
         self.up = False

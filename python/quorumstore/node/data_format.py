@@ -1,7 +1,7 @@
 """A node's data format: its data directory's marker, and the header of what it replicates.
 
 A node's data directory holds quorumstore's own binary formats: WAL records
-(`storage/wal.py`), KV record heads and change-log batches (`storage/state_machine.py`,
+(`storage/wal.py`), KV record heads and change-log batches (`storage/records.py`,
 `storage/change_log.py`), staged write pieces. A build reading another build's format
 would misread it silently: wrong versions, wrong values, a corrupt log taken for a torn
 tail. So the directory names its format in `MARKER_FILE`, and a node refuses a

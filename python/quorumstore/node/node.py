@@ -1,7 +1,8 @@
 """A storage node: a gRPC server hosting shard replicas.
 
-It serves three services on one port: `NodeControl` (from the coordinator),
-`Replication` (between replicas) and Oxia's `OxiaClient` (for clients). It owns the
+It serves four services on one port: `NodeControl` (from the coordinator,
+`control.py`), `Replication` (between replicas, `replication_service.py`), Oxia's
+`OxiaClient` (for clients, `oxia/`) and the Arrow data service (`data/`). It owns the
 clock (a tick task), the disk (one directory per shard) and the network; the protocol
 itself lives in the engine each `ShardHost` drives.
 """
@@ -10,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import shutil
 import time
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,38 +19,28 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 
-from quorumstore import wire
-from quorumstore.addresses import host_port
 from quorumstore.node import data_format
-from quorumstore.node.aborts import abort
-from quorumstore.node.client_api import OxiaClientServicer
-from quorumstore.node.data_api import QuorumstoreDataServicer
+from quorumstore.node.control import NodeControl
+from quorumstore.node.data.servicer import QuorumstoreDataServicer
 from quorumstore.node.failures import ReplicaFailure
-from quorumstore.node.outbox import Outbox
-from quorumstore.node.shard_host import ShardHost, WalRetention
-from quorumstore.node.snapshot_streams import finished_snapshot_level
+from quorumstore.node.oxia.servicer import OxiaClientServicer
+from quorumstore.node.replication_service import Replication
+from quorumstore.node.shard_host import ShardHost
 from quorumstore.node.syncs import SyncRunner
-from quorumstore.node.transport import SERVER_OPTIONS, NodeTransport, listen
+from quorumstore.node.transport import NodeTransport
+from quorumstore.node.wal_retention import WalRetention
 from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
-from quorumstore.protocol.messages import (
-    BecomeLeaderResponse,
-    Message,
-    NewTermResponse,
-    ShardKey,
-    TruncateResponse,
-)
+from quorumstore.protocol.messages import Message, ShardKey
 from quorumstore.protocol.replica import ReplicaConfig
-from quorumstore.storage.kv import DEFAULT_KV_MEMORY_BYTES, KvMemory, RocksKv
-from quorumstore.storage.snapshot import install_snapshot
+from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES, KvMemory
+from quorumstore.wire import replication as wire
+from quorumstore.wire.addresses import host_port
+from quorumstore.wire.channels import SERVER_OPTIONS, listen
 
 log = logging.getLogger(__name__)
 
-#: How long a NodeControl call waits for the engine's durable answer.
-_REPLY_TIMEOUT_S = 5.0
-#: Snapshot chunks received but not yet written to the staging KV (backpressure bound).
-_SNAPSHOT_CHUNKS_BUFFERED = 4
 #: A tick this much later than due is logged: the loop ran something too long.
 _STALL_WARNING_S = 0.25
 
@@ -106,8 +94,8 @@ class Node:
             ) from None
         data_format.claim(self.config.data_dir)
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_NodeControlServicer_to_server(_NodeControl(self), self._server)
-        pb_grpc.add_ReplicationServicer_to_server(_Replication(self), self._server)
+        pb_grpc.add_NodeControlServicer_to_server(NodeControl(self), self._server)
+        pb_grpc.add_ReplicationServicer_to_server(Replication(self), self._server)
         self._client_api = OxiaClientServicer(self)
         oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(self._client_api, self._server)
         self._data_api = QuorumstoreDataServicer(self, self.config.data_dir / "data-staging")
@@ -187,9 +175,9 @@ class Node:
             return
         for ns_dir in sorted(p for p in root.iterdir() if p.is_dir()):
             for shard_dir in sorted(p for p in ns_dir.iterdir() if p.is_dir() and p.name.isdigit()):
-                self._open_host((ns_dir.name, int(shard_dir.name)))
+                self.open_host((ns_dir.name, int(shard_dir.name)))
 
-    def _open_host(self, shard: ShardKey) -> ShardHost:
+    def open_host(self, shard: ShardKey) -> ShardHost:
         host = ShardHost(
             self.name,
             shard,
@@ -250,272 +238,7 @@ class Node:
 
 
 def _import_pyarrow_pandas_shim() -> None:
-    """pyarrow imports pandas, when installed, on its first `pa.array` call: 0.3 s of CPU
-    (0.5-0.65 s measured with three nodes on two cores) that stalled the event loop at a
-    node's first write, long enough for the coordinator to replace a healthy leader.
-    Paid here, before serving, instead."""
+    """pyarrow imports pandas, when installed, on its first `pa.array` call: a fraction of
+    a second of CPU that would stall the event loop at a node's first write, long enough
+    for the coordinator to replace a healthy leader. Paid here, before serving, instead."""
     pa.array([], pa.int8())
-
-
-async def _await_reply(future: asyncio.Future, context: grpc.aio.ServicerContext, what: str):
-    try:
-        return await asyncio.wait_for(future, _REPLY_TIMEOUT_S)
-    except TimeoutError:
-        await abort(
-            context,
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"{what} was not accepted (stale term or wrong state); the coordinator retries with a fresh term",
-        )
-
-
-class _NodeControl(pb_grpc.NodeControlServicer):
-    def __init__(self, node: Node):
-        self.node = node
-
-    async def NewTerm(
-        self, request: pb.NewTermRequest, context: grpc.aio.ServicerContext
-    ) -> pb.NewTermResponse:
-        shard = (request.namespace, request.shard)
-        host = self.node.hosts.get(shard) or self.node._open_host(shard)
-        reply = self.node.transport.expect(NewTermResponse, shard)
-        host.step(wire.new_term_from_pb(request))
-        response = await _await_reply(reply, context, f"NewTerm {request.term} for {shard}")
-        return wire.new_term_response_to_pb(response)
-
-    async def BecomeLeader(
-        self, request: pb.BecomeLeaderRequest, context: grpc.aio.ServicerContext
-    ) -> pb.BecomeLeaderResponse:
-        shard = (request.namespace, request.shard)
-        host = self.node.hosts.get(shard)
-        if host is None:
-            await abort(
-                context,
-                grpc.StatusCode.NOT_FOUND,
-                f"shard {shard} is not hosted on {self.node.name}",
-            )
-        reply = self.node.transport.expect(BecomeLeaderResponse, shard)
-        host.step(wire.become_leader_from_pb(request))
-        response = await _await_reply(reply, context, f"BecomeLeader {request.term} for {shard}")
-        return wire.become_leader_response_to_pb(response)
-
-    async def AddFollower(
-        self, request: pb.AddFollowerRequest, context: grpc.aio.ServicerContext
-    ) -> pb.AddFollowerResponse:
-        self.node.deliver((request.namespace, request.shard), wire.add_follower_from_pb(request))
-        return pb.AddFollowerResponse()
-
-    async def GetStatus(
-        self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetStatusResponse:
-        host = self.node.hosts.get((request.namespace, request.shard))
-        if host is None:
-            return pb.GetStatusResponse(
-                namespace=request.namespace, shard=request.shard, role=pb.NOT_MEMBER, term=-1
-            )
-        s = wire.shard_status_to_pb(host.replica.status())
-        return pb.GetStatusResponse(
-            namespace=s.namespace,
-            shard=s.shard,
-            term=s.term,
-            role=s.role,
-            head=s.head,
-            commit_offset=s.commit_offset,
-            followers=s.followers,
-        )
-
-    async def Health(
-        self, request_iterator: AsyncIterator[pb.HealthPing], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.HealthReport]:
-        async for ping in request_iterator:
-            yield self.node.health_report(ping.ping_sequence)
-
-    async def PushShardAssignments(
-        self, request: pb.ShardAssignmentsUpdate, context: grpc.aio.ServicerContext
-    ) -> pb.Empty:
-        self.node.set_assignments(request)
-        return pb.Empty()
-
-
-class _SnapshotStager:
-    """Writes one snapshot stream's chunks into a fresh KV on a worker thread as they
-    arrive, holding at most `_SNAPSHOT_CHUNKS_BUFFERED` of them in memory."""
-
-    def __init__(self, directory: Path, memory: KvMemory) -> None:
-        self.directory = directory
-        self._memory = memory
-        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=_SNAPSHOT_CHUNKS_BUFFERED)
-        self._staged = asyncio.get_running_loop().run_in_executor(None, self._stage)
-
-    def _stage(self) -> None:
-        kv = RocksKv(self.directory, self._memory)
-        try:
-            install_snapshot(kv, iter(self._chunks.get, None))
-        finally:
-            kv.close()
-
-    @property
-    def stopped(self) -> bool:
-        """The stager ended before being told the stream ended: it failed."""
-        return self._staged.done()
-
-    async def feed(self, data: bytes | None) -> None:
-        """Hands one chunk (None: the end) over, waiting while the stager is behind; drops
-        it if the stager already stopped (it failed, and `finish` says why)."""
-        while not self._staged.done():
-            try:
-                self._chunks.put_nowait(data)
-                return
-            except queue.Full:
-                await asyncio.sleep(0.005)
-
-    async def finish(self) -> None:
-        """Ends the stream; raises what made staging fail."""
-        await self.feed(None)
-        await self._staged
-
-    async def abandon(self) -> None:
-        """The stream broke: stops the stager and deletes what it staged once it stopped."""
-        await self.feed(None)
-        self._staged.add_done_callback(self._discard)
-
-    def _discard(self, staged: asyncio.Future[None]) -> None:
-        if not staged.cancelled() and staged.exception() is not None:
-            log.info("staging of a broken snapshot stream stopped: %s", staged.exception())
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-class _Replication(pb_grpc.ReplicationServicer):
-    def __init__(self, node: Node):
-        self.node = node
-
-    async def _refuse_another_format(self, context: grpc.aio.ServicerContext) -> None:
-        """Ends a call whose data is in another format than this node's (see data_format)."""
-        theirs = data_format.peer_format(context.invocation_metadata())
-        if theirs != data_format.DATA_FORMAT:
-            await abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                data_format.refusal_message(self.node.name, theirs),
-                data_format.REPLICATION_METADATA,
-            )
-
-    async def Replicate(
-        self, request_iterator: AsyncIterator[pb.Append], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.Ack]:
-        await self._refuse_another_format(context)
-        transport = self.node.transport
-        acks: Outbox[pb.Ack] = Outbox(transport.acks_written)
-        keys: set[tuple[ShardKey, str]] = set()
-
-        async def read() -> None:
-            try:
-                async for append in request_iterator:
-                    shard = (append.namespace, append.shard)
-                    key = (shard, append.leader_name)
-                    if transport.inbound.get(key) is not acks:
-                        transport.inbound[key] = acks
-                        keys.add(key)
-                    self.node.deliver(shard, wire.append_from_pb(append))
-            finally:
-                acks.close()
-
-        reader = asyncio.get_running_loop().create_task(read())
-        try:
-            async for ack in acks.messages():
-                yield ack
-        finally:
-            reader.cancel()
-            for key in keys:
-                if transport.inbound.get(key) is acks:
-                    del transport.inbound[key]
-            acks.drop()
-
-    async def Truncate(
-        self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
-    ) -> pb.TruncateResponse:
-        await self._refuse_another_format(context)
-        shard = (request.namespace, request.shard)
-        host = self.node.hosts.get(shard)
-        if host is None:
-            await abort(
-                context,
-                grpc.StatusCode.NOT_FOUND,
-                f"shard {shard} is not hosted on {self.node.name}",
-            )
-        reply = self.node.transport.expect(TruncateResponse, shard, request.leader_name)
-        host.step(wire.truncate_from_pb(request))
-        response = await _await_reply(reply, context, f"Truncate for {shard}")
-        return wire.truncate_response_to_pb(response)
-
-    async def SendSnapshot(
-        self, request_iterator: AsyncIterator[pb.SnapshotChunk], context: grpc.aio.ServicerContext
-    ) -> pb.SnapshotResponse:
-        """Stages the streamed snapshot into a fresh KV as it arrives, then installs it."""
-        await self._refuse_another_format(context)
-        first: pb.SnapshotChunk | None = None
-        host: ShardHost | None = None
-        stager: _SnapshotStager | None = None
-        started = time.monotonic()
-        received = 0
-        try:
-            async for chunk in request_iterator:
-                received += len(chunk.data)
-                if first is None:
-                    first = chunk
-                    shard = (chunk.namespace, chunk.shard)
-                    host = self.node.hosts.get(shard)
-                    if host is None or not host.can_install_snapshot(chunk.term, chunk.leader_name):
-                        await abort(
-                            context,
-                            grpc.StatusCode.FAILED_PRECONDITION,
-                            f"not accepting a snapshot for {shard} in term {chunk.term}",
-                        )
-                    stager = _SnapshotStager(host.staging_directory(), self.node.kv_memory)
-                else:
-                    assert host is not None
-                    if not host.can_install_snapshot(first.term, first.leader_name):
-                        # A newer term began meanwhile and the install would be refused:
-                        # stop staging a snapshot nobody can use, rather than write the rest.
-                        await abort(
-                            context,
-                            grpc.StatusCode.FAILED_PRECONDITION,
-                            f"snapshot for {shard} from {first.leader_name} in term "
-                            f"{first.term} superseded: the replica is now in term "
-                            f"{host.replica.term}",
-                        )
-                assert stager is not None
-                await stager.feed(chunk.data)
-                if stager.stopped:
-                    break  # staging failed: no use reading the rest
-        except BaseException:
-            if stager is not None:
-                await stager.abandon()
-            raise
-        if first is None or host is None or stager is None:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
-        try:
-            await stager.finish()
-        except Exception as e:  # noqa: BLE001 - any staging failure is the sender's DATA_LOSS
-            shutil.rmtree(stager.directory, ignore_errors=True)
-            await abort(context, grpc.StatusCode.DATA_LOSS, f"snapshot could not be staged: {e}")
-        staging = stager.directory
-        position = wire.position_from_pb(first.position)
-        head = host.install_staged_snapshot(first.term, first.leader_name, position, staging)
-        log.log(
-            finished_snapshot_level(received),
-            "shard %s/%s: received a snapshot at offset %d from %s (%.1f MiB, %.1f s); "
-            "the replica's log now ends at offset %d",
-            first.namespace,
-            first.shard,
-            position.offset,
-            first.leader_name,
-            received / (1 << 20),
-            time.monotonic() - started,
-            head.offset,
-        )
-        return pb.SnapshotResponse(
-            namespace=first.namespace,
-            shard=first.shard,
-            term=host.replica.term,
-            head=wire.position_to_pb(head),
-        )

@@ -19,15 +19,14 @@ import logging
 import os
 import shutil
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Concatenate, ParamSpec, Protocol
 
 from quorumstore.node.failures import ReplicaFailure
 from quorumstore.node.syncs import SyncRunner
+from quorumstore.node.wal_retention import WalRetention, WalTrimmer
 from quorumstore.protocol.messages import (
     Message,
     Outbound,
@@ -39,9 +38,12 @@ from quorumstore.protocol.messages import (
 from quorumstore.protocol.replica import NotLeaderError, ReplicaConfig, ShardReplica
 from quorumstore.protocol.types import LogEntry, LogPosition, Role
 from quorumstore.storage.durable_files import replace_durably
-from quorumstore.storage.kv import KvMemory, RocksKv
-from quorumstore.storage.state_machine import EntryResult, ShardReader, ShardStateMachine
-from quorumstore.storage.wal import SyncTicket, Wal
+from quorumstore.storage.reads import ShardReader
+from quorumstore.storage.results import EntryResult
+from quorumstore.storage.rocks_kv import KvMemory, RocksKv
+from quorumstore.storage.state_machine import ShardStateMachine
+from quorumstore.storage.wal import Wal
+from quorumstore.storage.wal_sync import SyncTicket
 from quorumstore.storage.write_batch import WriteBatchBuilder
 
 log = logging.getLogger(__name__)
@@ -53,40 +55,6 @@ _APPLY_CHUNK_ENTRIES = 32
 _APPLY_CHUNK_BYTES = 64 * 1024 * 1024
 #: Committed entries of at least this many bytes in all are applied on a worker thread.
 _APPLY_OFF_LOOP_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class WalRetention:
-    """How much WAL a replica keeps once its entries are applied and the KV flushed.
-
-    Of the entries through ``min(applied, commit, synced)``, the last `keep_entries` are
-    kept, and fewer when they take more than `keep_bytes`; the rest is dropped, whole
-    segments at a time. A follower that falls further behind than what is kept catches
-    up by snapshot instead of from the log. The byte bound matters for bulk writes: a
-    DataFrame write replicates its rows as entries of up to 32 MiB, and 10,000 of those
-    would have kept hundreds of GiB, all of it also in the KV.
-    """
-
-    #: Entries kept below the trim point, for followers a little behind.
-    keep_entries: int = 10_000
-    #: At most this many bytes of those entries are kept.
-    keep_bytes: int = 512 * 1024 * 1024
-    #: Seconds between checks; each trim first flushes the KV (one fsync).
-    check_interval_s: float = 10.0
-    #: Size at which the WAL starts a new segment (the unit of trimming).
-    segment_bytes: int = 64 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        if (
-            self.keep_entries < 0
-            or self.keep_bytes < 0
-            or self.check_interval_s <= 0
-            or self.segment_bytes < 1
-        ):
-            raise ValueError(
-                f"WAL retention needs keep_entries >= 0, keep_bytes >= 0, check_interval_s > 0 "
-                f"and segment_bytes >= 1, got {self}"
-            )
 
 
 def _stops_on_failure(
@@ -151,9 +119,7 @@ class ShardHost:
             shutil.rmtree(leftover, ignore_errors=True)
         self._staging_sequence = 0
         self.wal = Wal.open(directory / "wal", sync=wal_sync, segment_bytes=retention.segment_bytes)
-        self._retention = retention
-        self._next_trim_check = time.monotonic() + retention.check_interval_s
-        self._trim_in_flight = False
+        self._trimmer = WalTrimmer(self.wal, retention, f"{node} {shard}")
         self._kv_memory = kv_memory
         self.kv = RocksKv(directory / "kv", kv_memory)
         self.machine = ShardStateMachine(self.kv)
@@ -547,30 +513,22 @@ class ShardHost:
         survives a crash; the trim point is taken before that flush, and never passes
         the synced head, so no segment an fsync in flight still covers is deleted.
         """
-        now = time.monotonic()
-        if self._trim_in_flight or now < self._next_trim_check:
-            return
-        self._next_trim_check = now + self._retention.check_interval_s
         done = min(
             self.machine.applied_position.offset,
             self.replica.commit_offset,
             self.wal.synced_head.offset,
         )
-        upto = max(
-            done - self._retention.keep_entries,
-            self.wal.first_offset_within(done, self._retention.keep_bytes) - 1,
-        )
-        if not self.wal.can_trim_before(upto + 1):
+        offset = self._trimmer.start(done)
+        if offset is None:
             return
-        self._trim_in_flight = True
         kv = self.kv
         future = asyncio.get_running_loop().run_in_executor(self._io, kv.flush)
-        future.add_done_callback(lambda done: self._trim_after_flush(done, kv, upto + 1))
+        future.add_done_callback(lambda flushed: self._trim_after_flush(flushed, kv, offset))
 
     @_stops_on_failure
     def _trim_after_flush(self, flushed: asyncio.Future[None], kv: RocksKv, offset: int) -> None:
-        self._trim_in_flight = False
         if self._closed or kv is not self.kv:  # closed, or a snapshot replaced the KV meanwhile
+            self._trimmer.end(None)
             return
         if flushed.exception() is not None:
             log.warning(
@@ -579,10 +537,9 @@ class ShardHost:
                 self.shard,
                 flushed.exception(),
             )
+            self._trimmer.end(None)
             return
-        if offset > self.wal.base.offset + 1:  # a snapshot install may have moved the base past it
-            self.wal.trim_before(offset)
-            log.debug("%s %s: WAL trimmed before offset %d", self.node, self.shard, offset)
+        self._trimmer.end(offset)
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}

@@ -20,20 +20,18 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
-from quorumstore import wire
 from quorumstore.node.data_format import REPLICATION_METADATA, RefusalLog
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import Ack, AckStatus, Message, SendSnapshot, ShardKey
+from quorumstore.storage.kv import KvStore
+from quorumstore.storage.reads import ShardReader
 from quorumstore.storage.snapshot import iter_snapshot_chunks
-from quorumstore.storage.state_machine import ShardReader
-
-if TYPE_CHECKING:
-    from quorumstore.node.shard_host import ShardHost
+from quorumstore.wire import replication as wire
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +42,21 @@ PROGRESS_S = 10.0
 #: How often a stream under way is checked for a stall.
 _CHECK_S = 1.0
 _MIB = 1 << 20
+
+
+class SnapshotSource(Protocol):
+    """The leader's replica a snapshot is read from (a `ShardHost`)."""
+
+    @property
+    def shard(self) -> ShardKey: ...
+
+    @property
+    def node(self) -> str:
+        """The leader's address, which the follower checks the snapshot against."""
+        ...
+
+    @property
+    def kv(self) -> KvStore: ...
 
 
 def finished_snapshot_level(size: int) -> int:
@@ -94,7 +107,7 @@ class SnapshotStreams:
         self._refusals = refusals
         self._streams: dict[tuple[ShardKey, str], _Stream] = {}
 
-    def request(self, host: ShardHost, request: SendSnapshot) -> None:
+    def request(self, host: SnapshotSource, request: SendSnapshot) -> None:
         """Starts a stream for `request` unless one of its term or newer is under way."""
         key = (host.shard, request.follower)
         current = self._streams.get(key)
@@ -117,7 +130,7 @@ class SnapshotStreams:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _send(self, host: ShardHost, request: SendSnapshot) -> None:
+    async def _send(self, host: SnapshotSource, request: SendSnapshot) -> None:
         loop = asyncio.get_running_loop()
         shard, follower = host.shard, request.follower
         name = f"snapshot of shard {shard[0]}/{shard[1]} to {follower}"

@@ -3,10 +3,9 @@
 A follower's fsync is on the path of every write: the leader waits for the follower's
 Ack, which goes out once the fsync has ended. Handing the fsync to a thread and its end
 back to the loop takes two thread hand-offs, and on a busy machine each may wait for a
-core: on the 2-core test machine under load, fdatasyncs of a median 1.1 ms took 1.7-1.8
-ms from the hand-off to the loop seeing them end (ARCHITECTURE.md, "Servers"). So a
-follower's fsync runs on the loop itself, which it blocks meanwhile, while that is cheap
-and harms nobody:
+core, adding more than the fsync itself (docs/performance.md). So a follower's
+fsync runs on the loop itself, which it blocks meanwhile, while that is cheap and
+harms nobody:
 
 - the node's last fsync took under `INLINE_SYNC_MAX_S`: a slow disk must not stall the
   loop, which serves every shard of the node and its clients;
@@ -14,8 +13,8 @@ and harms nobody:
   see them end.
 
 A leader's fsync always goes to a thread. It runs while the followers do theirs, and the
-leader's loop has work meanwhile (it prepares the entry's apply); running it on the loop
-made 64 callers' writes slower in trials here.
+leader's loop has work meanwhile (it prepares the entry's apply), which an fsync on the
+loop would hold up.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
 
-from quorumstore.storage.wal import SyncTicket
+from quorumstore.storage.wal_sync import SyncTicket
 
 #: A node runs a follower's fsync on its loop only while its last fsync took less.
 INLINE_SYNC_MAX_S = 0.005

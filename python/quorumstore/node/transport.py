@@ -14,80 +14,50 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import grpc
 
-from quorumstore import wire
-from quorumstore.addresses import host_port
 from quorumstore.node import data_format
 from quorumstore.node.outbox import Outbox
-from quorumstore.node.snapshot_streams import SnapshotStreams
+from quorumstore.node.snapshot_streams import SnapshotSource, SnapshotStreams
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import (
     COORDINATOR,
     Ack,
     Append,
+    Message,
     Outbound,
     SendSnapshot,
     ShardKey,
     Truncate,
     TruncateResponse,
 )
-
-if TYPE_CHECKING:
-    from quorumstore.node.node import Node
-    from quorumstore.node.shard_host import ShardHost
+from quorumstore.wire import replication as wire
+from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
 
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-]
-#: Servers add: no SO_REUSEPORT (gRPC sets it by default on Linux), so that a second
-#: process on a node's port fails to start instead of taking half of its connections.
-SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
+
+class LinkedHost(Protocol):
+    """A shard replica, told when its messages have left this node (a `ShardHost`)."""
+
+    def appends_written(self) -> None: ...
+
+    def acks_written(self) -> None: ...
 
 
-def probe_port(host: str, port: int) -> None:
-    """Binds and releases host:port as a server here binds (SO_REUSEADDR, no SO_REUSEPORT),
-    raising bind's OSError: EADDRINUSE while anything listens there, EADDRNOTAVAIL for an
-    address this machine does not own (socket.gaierror for a name that does not resolve).
-    Lets a caller say which before starting anything."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host.strip("[]"), port, type=socket.SOCK_STREAM
-    )[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(address)
+class PeerNode(Protocol):
+    """What the transport needs of its node (a `Node`): its replicas, and the way in
+    for the messages that arrive for them."""
 
+    @property
+    def hosts(self) -> Mapping[ShardKey, LinkedHost]: ...
 
-def listen(server: grpc.aio.Server, host: str, port: int) -> int:
-    """Binds `server` to host:port (0: any free port); returns the port or raises OSError.
-
-    A fixed port is probed first, so the error says why (in use, or not an address of
-    this machine) and gRPC's C core logs nothing. grpcio reports a failed bind by
-    returning 0 in some versions and by raising RuntimeError in others."""
-    if port:
-        try:
-            probe_port(host, port)
-        except OSError as e:
-            raise OSError(f"cannot listen on {host_port(host, port)}: {e.strerror}") from None
-    try:
-        bound = server.add_insecure_port(host_port(host, port))
-    except RuntimeError:
-        bound = 0
-    if bound == 0:
-        raise OSError(
-            f"cannot listen on {host_port(host, port)}: the port is taken, or {host} is not an address "
-            "of this machine"
-        )
-    return bound
+    def deliver(self, shard: ShardKey, msg: Message) -> None: ...
 
 
 class _ReplicateStream:
@@ -115,7 +85,7 @@ class _ReplicateStream:
 
 
 class NodeTransport:
-    def __init__(self, node: Node):
+    def __init__(self, node: PeerNode):
         self.node = node
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[tuple[ShardKey, str], _ReplicateStream] = {}
@@ -132,7 +102,7 @@ class NodeTransport:
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            channel = grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
             self._channels[address] = channel
         return channel
 
@@ -162,7 +132,7 @@ class NodeTransport:
 
     # ------------------------------------------------------------------ Transport protocol
 
-    def send(self, sender: ShardHost, out: Outbound) -> None:
+    def send(self, sender: SnapshotSource, out: Outbound) -> None:
         msg = out.message
         shard = sender.shard
         if out.to == COORDINATOR:
@@ -217,7 +187,7 @@ class NodeTransport:
             return
         self.node.deliver(shard, wire.truncate_response_from_pb(response, follower))
 
-    def send_snapshot(self, sender: ShardHost, request: SendSnapshot) -> None:
+    def send_snapshot(self, sender: SnapshotSource, request: SendSnapshot) -> None:
         self._snapshots.request(sender, request)
 
     async def close(self) -> None:

@@ -3,7 +3,7 @@
 - ``oxia_client_pb2`` / ``oxia_client_pb2_grpc``: the Oxia client protocol
   (``io.streamnative.oxia.proto.OxiaClient``), wire-compatible with the official clients.
 - ``oxia_write_columns_pb2``: Oxia's ``WriteRequest`` read column-wise (never sent; see
-  ``quorumstore.node.plain_puts``).
+  ``quorumstore.node.oxia.plain_puts``).
 - ``replication_pb2`` / ``replication_pb2_grpc``: internal services
   (``quorumstore.replication.v1``: ``NodeControl``, ``Replication``) and the
   coordinator's persisted metadata.

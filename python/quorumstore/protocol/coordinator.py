@@ -1,4 +1,4 @@
-"""The coordinator as a deterministic state machine (seed 000).
+"""The coordinator as a deterministic state machine (docs/protocol.md, "Leader choice").
 
 Inputs: `step(message)` for node responses and health reports, `tick()`.
 Output: `ready()`: metadata to persist (durably, before anything is sent), then messages.
@@ -292,7 +292,7 @@ class Coordinator:
             return
         election = self._elections.get(msg.shard)
         if meta.state is ShardState.ONLINE and meta.leader is not None:
-            # A late responder: the leader adopts it (seed 000, AddFollower).
+            # A late responder: the leader adopts it with AddFollower.
             self._add_follower(msg.shard, meta, msg.node, msg)
             return
         if election is None or election.term != msg.term:

@@ -1,4 +1,6 @@
-"""Leader choice after fencing (seed 000, with seed 004's live replica set).
+"""Leader choice after fencing, limited to the live replica set.
+
+The rule is in docs/protocol.md, "Leader choice" and "The live replica set".
 
 Pure functions, apart from the coordinator so the rule reads on its own.
 """
@@ -28,7 +30,7 @@ class Choice:
 def rank(
     candidate: Candidate, eligible: frozenset[str], leader_load: Mapping[str, int] | None = None
 ) -> tuple[int, int, bool, int, str]:
-    """Highest (term, offset) of the head entry wins (invariant 4); among equal heads a
+    """The head with the greatest (term, offset) ranks first (invariant 4); among equal heads a
     member of the live replica set, then the node leading fewest shards (to spread
     leaders over the nodes), then the name, breaks the tie."""
     load = leader_load.get(candidate.node, 0) if leader_load else 0

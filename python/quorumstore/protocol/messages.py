@@ -1,7 +1,8 @@
 """Messages exchanged by the engine: coordinator <-> node and leader <-> follower.
 
 These mirror `proto/replication.proto`; the servers translate between the two. Every
-message that must be fenced carries the sender's term (seed 000).
+message that must be fenced carries the sender's term (docs/protocol.md, "Terms and
+fencing").
 """
 
 from __future__ import annotations

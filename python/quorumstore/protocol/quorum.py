@@ -1,4 +1,6 @@
-"""Quorum arithmetic: the commit offset from acked offsets (seed 001's QuorumAckTracker).
+"""Quorum arithmetic: the commit offset from acked offsets (QuorumAckTracker).
+
+The rule is in docs/protocol.md, "Replication and the commit rule".
 
 Kept apart from the replica so the rule is readable and testable on its own, like
 etcd-raft's `quorum/majority.go`.
@@ -28,7 +30,7 @@ def quorum_offset(acked: list[int], replication_factor: int) -> int:
 class QuorumAckTracker:
     """Tracks the leader's commit offset for one term.
 
-    An entry of an earlier term is never committed by counting replicas alone (seed 002):
+    An entry of an earlier term is never committed by counting replicas alone:
     the commit offset may only move to an offset at or after `term_start_offset`, the
     first entry the leader appended in its own term; committing that entry commits the
     whole prefix before it.

@@ -1,27 +1,21 @@
-"""One shard replica as a deterministic state machine (seed 001).
+"""One shard replica as a deterministic state machine (docs/protocol.md).
 
 Inputs: `step(message)`, `tick()`, `propose(payload)`, `persisted(offset)`.
 Output: `ready()`, a `Ready` of storage effects and messages for the driver. There are
 no sockets, threads, files or clocks in here; the driver (a gRPC server, or the
 simulator) owns all of those.
 
-Roles follow seed 001's state diagram, written as a transition table so that an
-illegal transition is a named error rather than a silent branch (as in h11's
-`_state.py`). Two notes on the table:
-- a leader that receives a reply carrying a higher term has missed a NewTerm; it
-  steps down exactly as NewTerm would make it (seeds 002 and 003, "zombie leaders");
-- `Truncate` is also accepted by a Follower (a self-loop): the leader's reconcile loop
-  may need to cut a follower that already follows but reported a head the leader lacks.
+Roles (NotMember, Fenced, Follower, Leader) change only through the transition table
+in `replica_states`; the leader's view of each follower is a `FollowCursor`.
 """
 
 from __future__ import annotations
 
-import enum
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from quorumstore.protocol.follow_cursor import CursorState, FollowCursor
 from quorumstore.protocol.log_view import LogView
 from quorumstore.protocol.messages import (
     COORDINATOR,
@@ -45,6 +39,7 @@ from quorumstore.protocol.messages import (
     TruncateResponse,
 )
 from quorumstore.protocol.quorum import QuorumAckTracker
+from quorumstore.protocol.replica_states import TRANSITIONS, Trigger
 from quorumstore.protocol.types import (
     EMPTY_POSITION,
     NO_TERM,
@@ -53,31 +48,6 @@ from quorumstore.protocol.types import (
     Role,
     make_entry,
 )
-
-
-class Trigger(enum.Enum):
-    NEW_TERM = "NewTerm"
-    REPLICATE = "Replicate"
-    TRUNCATE = "Truncate"
-    SNAPSHOT = "Snapshot"
-    BECOME_LEADER = "BecomeLeader"
-    ADD_FOLLOWER = "AddFollower"
-
-
-TRANSITIONS: dict[tuple[Role, Trigger], Role] = {
-    (Role.NOT_MEMBER, Trigger.NEW_TERM): Role.FENCED,
-    (Role.FENCED, Trigger.NEW_TERM): Role.FENCED,
-    (Role.FOLLOWER, Trigger.NEW_TERM): Role.FENCED,
-    (Role.LEADER, Trigger.NEW_TERM): Role.FENCED,
-    (Role.FENCED, Trigger.REPLICATE): Role.FOLLOWER,
-    (Role.FOLLOWER, Trigger.REPLICATE): Role.FOLLOWER,
-    (Role.FENCED, Trigger.TRUNCATE): Role.FOLLOWER,
-    (Role.FOLLOWER, Trigger.TRUNCATE): Role.FOLLOWER,
-    (Role.FENCED, Trigger.SNAPSHOT): Role.FOLLOWER,
-    (Role.FOLLOWER, Trigger.SNAPSHOT): Role.FOLLOWER,
-    (Role.FENCED, Trigger.BECOME_LEADER): Role.LEADER,
-    (Role.LEADER, Trigger.ADD_FOLLOWER): Role.LEADER,
-}
 
 
 class ProtocolError(Exception):
@@ -109,46 +79,6 @@ class ReplicaConfig:
     retransmit_ticks: int = 4
     #: A snapshot stream gets this many times `retransmit_ticks` before it is restarted.
     snapshot_patience: int = 5
-
-
-class CursorState(enum.Enum):
-    #: Streaming: every new entry is pushed at once, up to the in-flight window.
-    REPLICATE = "replicate"
-    #: A push went unanswered: one batch at a time until the follower acks (etcd's probe).
-    PROBE = "probe"
-    TRUNCATING = "truncating"
-    SNAPSHOT = "snapshot"
-
-
-@dataclass(slots=True)
-class FollowCursor:
-    """The leader's view of one follower (seed 001): what was pushed and what was acked."""
-
-    name: str
-    state: CursorState
-    next_offset: int = 0
-    acked_offset: int = -1
-    idle_ticks: int = 0
-    truncate_to: LogPosition | None = None
-    #: The follower head `truncate_to` was chosen for.
-    truncate_from: LogPosition | None = None
-    #: (last offset, payload bytes) of each Append pushed and not known acked, oldest first.
-    pushed: deque[tuple[int, int]] = field(default_factory=deque)
-    pushed_bytes: int = 0
-
-    @property
-    def last_pushed(self) -> int:
-        return self.next_offset - 1
-
-    def inflight_bytes(self) -> int:
-        """Payload bytes pushed past the acked offset, after forgetting the Appends acked
-        since and those the leader rewound past (it pushes them again)."""
-        pushed = self.pushed
-        while pushed and pushed[0][0] <= self.acked_offset:
-            self.pushed_bytes -= pushed.popleft()[1]
-        while pushed and pushed[-1][0] >= self.next_offset:
-            self.pushed_bytes -= pushed.pop()[1]
-        return self.pushed_bytes
 
 
 class ShardReplica:
@@ -364,7 +294,10 @@ class ShardReplica:
         self._reconcile(cursor, head)
 
     def _reconcile(self, cursor: FollowCursor, follower_head: LogPosition) -> None:
-        """Decides how a follower whose log ends at `follower_head` catches up (seed 000)."""
+        """Decides how a follower whose log ends at `follower_head` catches up.
+
+        docs/protocol.md, "Truncation" and "Snapshots", describes the rule.
+        """
         cursor.idle_ticks = 0
         head, base = self._log.head, self._log.base
         fh = follower_head
@@ -479,7 +412,7 @@ class ShardReplica:
                 and msg.term > self.term
                 and self.role is Role.LEADER
             ):
-                self._enter_term(msg.term)  # deposed: a newer term exists (seed 002)
+                self._enter_term(msg.term)  # deposed: a newer term exists
             return
         if self.role is not Role.LEADER:
             return
@@ -526,7 +459,7 @@ class ShardReplica:
     # ------------------------------------------------------------------ follower side
 
     def _refuse_stale(self, leader: str, term: int) -> bool:
-        """True when a leader's message must be ignored; tells a stale leader so (seed 002)."""
+        """True when a leader's message must be ignored; tells a stale leader so."""
         if term < self.term:
             self._send(
                 leader,
@@ -571,7 +504,7 @@ class ShardReplica:
                 if log.position_at(entry.offset).checksum == entry.checksum:
                     last = entry.offset
                     continue
-                self._truncate_local(entry.offset - 1)  # a divergent suffix (seed 002)
+                self._truncate_local(entry.offset - 1)  # a divergent suffix
             log.append(entry)
             head = log.head
             last = entry.offset

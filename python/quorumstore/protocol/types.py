@@ -1,7 +1,7 @@
 """Values shared by the replication engine, the coordinator and the storage layer.
 
 Everything here is plain data: no I/O, no clocks. Entries are identified by
-(term, offset) as in seed 001; each entry also carries a *chain checksum* that
+(term, offset); each entry also carries a *chain checksum* that
 covers its own bytes and the checksum of the entry before it, so two logs that
 hold the same checksum at an offset hold the same prefix up to that offset.
 """
@@ -16,7 +16,7 @@ from typing import Protocol
 
 import xxhash
 
-#: Term of a replica that never took part in an election (seed 000: "-1, undefined").
+#: Term of a replica that never took part in an election (-1: undefined).
 NO_TERM = -1
 #: Offset of the head of an empty log.
 NO_OFFSET = -1
@@ -35,7 +35,7 @@ def chain_checksum(previous: int, term: int, offset: int, payload: bytes | memor
 
 @dataclass(frozen=True, slots=True, order=True)
 class EntryId:
-    """Position of an entry: ordered by term first, then offset (seed 000)."""
+    """Position of an entry: ordered by term first, then offset."""
 
     term: int
     offset: int
@@ -117,7 +117,7 @@ class LogReader(Protocol):
 
 
 class Role(enum.Enum):
-    """Replica states of seed 001's state diagram."""
+    """Replica states (docs/protocol.md, "Terms and fencing")."""
 
     NOT_MEMBER = "NotMember"
     FENCED = "Fenced"

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quorumstore import arrow_binary
-from quorumstore.arrow_ipc import NotIpcStream, ipc_buffer, read_ipc
+from quorumstore.arrow import binary
+from quorumstore.arrow.ipc import NotIpcStream, ipc_buffer, read_ipc
 from quorumstore.spark.arrow_types import holds
 
 #: The IPC stream's end marker: a continuation token and a zero metadata length.
@@ -106,7 +106,7 @@ def _read_group(values: pa.Array, schema_message: bytes) -> pa.Table:
     batches = pc.binary_slice(values, len(schema_message), -len(_END))
     if pc.any(pc.equal(pc.binary_length(batches), 0)).as_py():
         raise NotArrowValue("an Arrow value holds no record batch; it must hold one row")
-    stream = b"".join([schema_message, arrow_binary.data(batches), _END])  # three pieces
+    stream = b"".join([schema_message, binary.data(batches), _END])  # three pieces
     try:
         table = read_ipc(stream)
     except NotIpcStream as e:

@@ -3,7 +3,7 @@
 Spark accepts any key, so a misspelled setting (``spark.quorumstore.replicationfactor``)
 would otherwise be ignored and its default used without a word. The list lives in
 ``conf_keys.txt`` because the state store provider, which runs in the JVM, reads the same
-file from its jar (executor_node/build_jar.py copies it) and warns the same way.
+file from its jar (quorumstore/spark/jar_build.py copies it) and warns the same way.
 
 >>> unknown_key_warnings({"spark.quorumstore.node": "5", "spark.app.name": "x"})
 ['unknown setting spark.quorumstore.node (ignored); did you mean spark.quorumstore.nodes?']

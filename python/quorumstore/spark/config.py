@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quorumstore.addresses import host_port
 from quorumstore.coordinator.failure_timeout import check_failure_timeout
-from quorumstore.storage.kv import DEFAULT_KV_MEMORY_BYTES
+from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES
+from quorumstore.wire.addresses import host_port
 
 PREFIX = "spark.quorumstore."
 PLACEMENTS = ("barrier", "independent")

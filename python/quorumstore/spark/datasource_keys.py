@@ -38,7 +38,7 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
-from quorumstore.storage.keys import compare_keys
+from quorumstore.wire.keys import compare_keys
 
 #: A hierarchical key range [min_inclusive, max_exclusive); an empty max is unbounded.
 KeyRange = tuple[str, str]

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import grpc
 from pyspark.errors import PySparkValueError
 
-from quorumstore.data_client import DataClient, DataClientError
+from quorumstore.client.data_service import DataClient, DataClientError
 from quorumstore.spark.datasource_values import FORMATS, TYPED_FORMATS, SchemaError, ValueCodec
-from quorumstore.storage.keys import compare_keys
+from quorumstore.wire.keys import compare_keys
 
 
 class QuorumstoreOptionError(PySparkValueError):

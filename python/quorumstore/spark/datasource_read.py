@@ -26,7 +26,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from quorumstore.spark.datasource_keys import KeyFilter, KeyRange
 from quorumstore.spark.datasource_options import QuorumstoreOptionError, SourceOptions, connect
 from quorumstore.spark.datasource_values import ValueCodec, arrow_schema
-from quorumstore.storage.keys import compare_keys
+from quorumstore.wire.keys import compare_keys
 
 _META_FIELDS = [
     StructField("version_id", LongType()),

@@ -33,7 +33,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
-from quorumstore.data_client import DataClient
+from quorumstore.client.data_service import DataClient
 from quorumstore.spark.datasource_keys import KeyRange, intersect, prefix_ranges
 from quorumstore.spark.datasource_options import (
     QuorumstoreOptionError,
@@ -42,8 +42,8 @@ from quorumstore.spark.datasource_options import (
     parse_offsets,
 )
 from quorumstore.spark.datasource_read import RowShaper
-from quorumstore.storage.keys import encode_keys, key_range
 from quorumstore.storage.write_batch import Op
+from quorumstore.wire.keys import encode_keys, key_range
 
 _OPERATIONS = pa.array(["put", "delete", "delete_range"])
 

@@ -50,7 +50,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from quorumstore.data_client import DataClientError
+from quorumstore.client.data_service import DataClientError
 from quorumstore.spark.datasource_options import QuorumstoreOptionError, SourceOptions, connect
 from quorumstore.spark.datasource_values import (
     TYPED_FORMATS,
@@ -58,8 +58,8 @@ from quorumstore.spark.datasource_values import (
     ValueCodec,
     value_columns,
 )
-from quorumstore.storage.keys import decode_key, encode_keys
-from quorumstore.storage.write_batch import ClientSerial
+from quorumstore.wire.keys import decode_key, encode_keys
+from quorumstore.wire.metadata import ClientSerial
 
 #: A shard's staged or written chunk is cut at `chunkRows` rows or about this many
 #: bytes, whichever comes first.

@@ -27,10 +27,8 @@ from typing import Any, Self
 
 from pyspark.sql import SparkSession
 
-from quorumstore.addresses import host_port
-from quorumstore.cli import all_replicas_serving, format_status
 from quorumstore.client import Client
-from quorumstore.client.async_client import DEFAULT_NAMESPACE
+from quorumstore.coordinator.cluster_status import all_replicas_serving, format_status
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.spark.conf_keys import warn_unknown_keys
@@ -45,6 +43,8 @@ from quorumstore.spark.node_jobs import (
     wait_for_exit,
 )
 from quorumstore.spark.slots import check_free_slots
+from quorumstore.wire.addresses import host_port
+from quorumstore.wire.metadata import DEFAULT_NAMESPACE
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
 
-from quorumstore import arrow_binary
+from quorumstore.arrow import binary
 from quorumstore.spark.arrow_types import holds
 
 _PAD = ord("=")
@@ -195,12 +195,12 @@ def base64_encoded(data: pa.Array) -> pa.Array:
     characters those bytes became are then set to '='.
     """
     filled = data.fill_null(b"").cast(pa.binary())
-    ends = arrow_binary.offsets(filled).astype(np.int64)
+    ends = binary.offsets(filled).astype(np.int64)
     lengths = np.diff(ends)
     padded_lengths = (lengths + 2) // 3 * 3
     padded_ends = np.concatenate([[0], np.cumsum(padded_lengths)])
     padded = np.zeros(int(padded_ends[-1]), np.uint8)
-    source = np.frombuffer(arrow_binary.data(filled), np.uint8)
+    source = np.frombuffer(binary.data(filled), np.uint8)
     padded[
         np.arange(len(source)) + np.repeat(padded_ends[:-1] - (ends[:-1] - ends[0]), lengths)
     ] = source
@@ -250,7 +250,7 @@ def base64_decoded(text: pa.Array) -> pa.Array:
     """
     valid = text.is_valid()
     filled = text.fill_null("").cast(pa.string())
-    offsets = arrow_binary.offsets(filled).astype(np.int64)
+    offsets = binary.offsets(filled).astype(np.int64)
     lengths = np.diff(offsets)
     if np.any(lengths % 4):
         row = int(np.flatnonzero(lengths % 4)[0])
@@ -349,7 +349,7 @@ def _decode_rows(objects: list[dict[str, object]], field: pa.Field) -> pa.Array:
 def _lines(values: pa.Array) -> pa.BufferReader:
     """The values as one newline-separated text, joined by an Arrow kernel."""
     joined = pc.binary_join_element_wise(values, pa.scalar(b"\n"), b"")
-    return pa.BufferReader(arrow_binary.data(joined))
+    return pa.BufferReader(binary.data(joined))
 
 
 def decode(values: pa.Array, schema: pa.Schema, described: str) -> list[pa.Array]:

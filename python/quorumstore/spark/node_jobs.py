@@ -16,20 +16,16 @@ node, so a node fails and comes back alone.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 
 from pyspark import SparkContext
 
-import quorumstore
+from quorumstore.spark import node_task
 from quorumstore.spark.config import HostingConfig
 
 log = logging.getLogger(__name__)
@@ -39,8 +35,6 @@ log = logging.getLogger(__name__)
 RESUBMIT_DELAY_S = 0.5
 #: How often a stopping job's group is cancelled again until its thread ends.
 RECANCEL_INTERVAL_S = 0.5
-
-_NODE_TASK = Path(quorumstore.__file__).resolve().parents[2] / "executor_node" / "node_task.py"
 
 
 @dataclass(frozen=True)
@@ -174,7 +168,6 @@ def submit_node_jobs(
 ) -> list[NodeJob]:
     """Starts the node jobs of `config.placement`; each runs until cancelled, or until
     the SparkContext stops under it, which it reports through `on_spark_stopped`."""
-    node_task = _load_node_task(sc)
     barrier = config.placement == "barrier"
     spec = node_task.NodeTaskSpec(
         host=config.host,
@@ -242,28 +235,6 @@ def describe_failure(error: BaseException) -> str:
     if causes:
         return causes[-1].split(". Consider setting")[0][:500]
     return lines[0][:500] if lines else type(error).__name__
-
-
-def _load_node_task(sc: SparkContext) -> ModuleType:
-    """Imports executor_node/node_task.py on the driver and ships it to the executors.
-
-    Imported under its file name, ``node_task``, which is the name the executors find
-    it under after ``addPyFile``, so the task body pickles by reference.
-    """
-    if not _NODE_TASK.is_file():
-        raise FileNotFoundError(
-            f"{_NODE_TASK} is missing: quorumstore.spark runs storage nodes with executor_node/node_task.py "
-            "from a source checkout (pip install -e .)"
-        )
-    sc.addPyFile(str(_NODE_TASK))
-    module = sys.modules.get("node_task")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("node_task", _NODE_TASK)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["node_task"] = module
-        spec.loader.exec_module(module)
-    return module
 
 
 def wait_for_exit(

@@ -5,36 +5,40 @@
     for key, value in spark_confs("127.0.0.1:6648").items():
         builder = builder.config(key, value)
 
-`state_store_jar()` finds the provider jar (building it from the checkout's Scala sources
-with the compiler inside the pyspark wheel when it is missing or stale) and
-`spark_confs()` returns the Spark confs that load it. See docs/state-store.md.
+`state_store_jar()` finds the provider jar, which an installed quorumstore carries as package
+data (built when its wheel was built), and `spark_confs()` returns the Spark confs that
+load it. See docs/state-store.md.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from quorumstore.spark import jar_build
 
 #: The StateStoreProvider implemented by the jar.
 PROVIDER_CLASS = "io.quorumstore.spark.state.QuorumStateStoreProvider"
 #: Spark's own RocksDB provider, the reference the quorumstore provider is tested against.
 ROCKSDB_PROVIDER_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
-_BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "executor_node" / "build_jar.py"
-
 
 def state_store_jar(force: bool = False) -> Path:
-    """Path of the provider jar, built first if missing or older than its sources."""
-    if not _BUILD_SCRIPT.is_file():
+    """Path of the provider jar inside the package.
+
+    In a checkout (an editable install) it is built first if missing or older than its
+    Scala sources; an installed wheel carries it ready-made.
+    """
+    if jar_build.have_sources():
+        try:
+            return jar_build.build(force=force)
+        except jar_build.JarBuildError as e:
+            raise RuntimeError(f"cannot build the quorumstore state-store jar: {e}") from e
+    if not jar_build.JAR.is_file():
         raise FileNotFoundError(
-            f"{_BUILD_SCRIPT} not found: the state-store jar is built from a quorumstore "
-            "checkout (executor_node/); build it there and pass its path in spark.jars"
+            f"{jar_build.JAR} is missing: this quorumstore installation was built without its "
+            "state-store jar; reinstall it from a wheel built with pyspark and a JDK at hand"
         )
-    spec = importlib.util.spec_from_file_location("quorumstore_build_jar", _BUILD_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Path(module.build(force=force))
+    return jar_build.JAR
 
 
 def spark_confs(
@@ -49,16 +53,16 @@ def spark_confs(
     """Spark confs that make quorumstore (at `address`, "host:port[,host:port...]") the
     state store of every streaming query of the session.
 
-    The jar goes on the driver's and executors' class path as well as in `spark.jars`:
-    Spark loads the provider class by name from its own class loader. `local_dir` is where
-    executors keep their local copies of the state (default: Spark's first local dir).
+    The jar goes in `spark.jars` alone: spark-submit adds it to the driver's class loader
+    when the JVM starts, and Spark serves it to every executor, which adds it to the class
+    loader its tasks load the provider with; so no path needs to exist on every host.
+    `local_dir` is where executors keep their local copies of the state (default: Spark's
+    first local dir).
     """
     jar = str(state_store_jar())
     confs = {
         "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASS,
         "spark.jars": jar,
-        "spark.driver.extraClassPath": jar,
-        "spark.executor.extraClassPath": jar,
         "spark.quorumstore.address": address,
         "spark.quorumstore.namespace": namespace,
     }

@@ -37,9 +37,10 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from quorumstore.storage.keys import INTERNAL_PREFIX, USER_KEYS_END, decode_key
+from quorumstore.storage.keys import INTERNAL_PREFIX
 from quorumstore.storage.kv import KvReader
 from quorumstore.storage.write_batch import Op
+from quorumstore.wire.keys import USER_KEYS_END, decode_key
 
 #: How long the changes of an entry are kept, judged by entry timestamps.
 CHANGE_RETENTION_MS = 60 * 60 * 1000
@@ -108,7 +109,7 @@ _NO_VERSION = (None,) * 5
 
 
 class _Version(Protocol):
-    """What the change log reads of a stored record (state_machine.Record, whose
+    """What the change log reads of a stored record (records.Record, whose
     fields are read-only)."""
 
     @property

@@ -17,13 +17,15 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from quorumstore.storage.keys import INTERNAL_PREFIX, USER_KEYS_END, encode_key
+from quorumstore.storage.keys import INTERNAL_PREFIX
 from quorumstore.storage.kv import KvReader
 from quorumstore.storage.overlay import InternalOverlay
+from quorumstore.wire.keys import INDEX_ORDER_SEPARATOR, USER_KEYS_END, encode_key
 
 _ENTRY_PREFIX = INTERNAL_PREFIX + b"idx/"
 _REVERSE_PREFIX = INTERNAL_PREFIX + b"idx-of/"
-_SEPARATOR = b"\x00\x00"
+#: Entries sort in `wire.keys.index_order`, the order clients merge shards' index scans in.
+_SEPARATOR = INDEX_ORDER_SEPARATOR
 _LENGTH = struct.Struct("<I")
 #: Sorts after the encoding of the secondary key and any entry of it (see HIGHER).
 _AFTER_KEY = b"\x00\x01"
@@ -38,16 +40,6 @@ def _index_prefix(index_name: str) -> bytes:
 def _entry_key(encoded_primary: bytes, pair: IndexPair) -> bytes:
     name, secondary = pair
     return _index_prefix(name) + encode_key(secondary) + _SEPARATOR + encoded_primary
-
-
-#: Between the encoded secondary and primary keys of `index_order`.
-INDEX_ORDER_SEPARATOR = _SEPARATOR
-
-
-def index_order(secondary: str, primary: str) -> bytes:
-    """Sorts index entries as the index keeps them: by secondary key, then primary key
-    (what a client merging several shards' index scans compares)."""
-    return encode_key(secondary) + INDEX_ORDER_SEPARATOR + encode_key(primary)
 
 
 def _encode_pairs(pairs: list[IndexPair]) -> bytes:

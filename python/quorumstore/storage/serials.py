@@ -1,4 +1,6 @@
-"""Exactly-once writes (seed 003): the latest completed serial of each client, per shard.
+"""Exactly-once writes: the latest completed serial of each client, per shard.
+
+The rule is in docs/protocol.md, "Exactly-once serials".
 
 Every exactly-once write carries (client id, serial). The shard records, in its
 replicated KV and in the same atomic write as the entry's changes, the latest serial

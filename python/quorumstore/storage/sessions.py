@@ -23,9 +23,6 @@ _EPHEMERAL_PREFIX = INTERNAL_PREFIX + b"session-key/"
 NEXT_SESSION_ID_KEY = INTERNAL_PREFIX + b"next-session-id"
 _ID = struct.Struct(">q")  # big-endian, so byte order is id order
 _META = struct.Struct("<q")  # timeout_ms; the client identity's UTF-8 bytes follow
-#: Oxia's bounds for a session timeout (`common/constant`).
-MIN_SESSION_TIMEOUT_MS = 2_000
-MAX_SESSION_TIMEOUT_MS = 5 * 60_000
 #: Id of a shard's first session (0 would read as "no session" to some clients).
 FIRST_SESSION_ID = 1
 

@@ -18,10 +18,10 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quorumstore.arrow_ipc import NotIpcStream, ipc_bytes, read_ipc
+from quorumstore.arrow.ipc import NotIpcStream, ipc_bytes, read_ipc
 from quorumstore.protocol.types import LogPosition
-from quorumstore.storage.keys import USER_KEYS_START
 from quorumstore.storage.kv import Item, KvReader, KvStore, Run
+from quorumstore.wire.keys import USER_KEYS_START
 
 CHUNK_SCHEMA = pa.schema(
     [

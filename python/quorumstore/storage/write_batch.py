@@ -20,11 +20,13 @@ from typing import Concatenate, NamedTuple, ParamSpec, TypeVar, cast
 
 import pyarrow as pa
 
-from quorumstore.arrow_ipc import NotIpcStream, ipc_batches, ipc_bytes
+from quorumstore.arrow.ipc import NotIpcStream, ipc_batches, ipc_bytes
+from quorumstore.wire.metadata import ClientSerial
 
 #: Schema metadata key holding the leader's wall clock, in ms, as a decimal string.
 TIMESTAMP_KEY = b"timestamp_ms"
-#: Schema metadata keys of an exactly-once write: the client's id and its serial (seed 003).
+#: Schema metadata keys of an exactly-once write: the client's id and its serial
+#: (docs/protocol.md, "Exactly-once serials").
 CLIENT_ID_KEY = b"client_id"
 SERIAL_KEY = b"serial"
 #: Schema metadata keys of staged writes (see the module docstring and `Staging`).
@@ -109,13 +111,6 @@ def _null_column(rows: int, type: pa.DataType) -> pa.Array:
     """An all-null column, `rows` long. Small batches, where making them was a sixth of
     building a batch of puts, share them."""
     return pa.nulls(rows, type)
-
-
-class ClientSerial(NamedTuple):
-    """Identifies one logical write of one client: retries carry the same pair."""
-
-    client_id: str
-    serial: int
 
 
 class StagingKind(enum.Enum):

@@ -13,7 +13,7 @@ import org.sparkproject.connect.protobuf.{ByteString, DescriptorProtos, Descript
  * The Oxia client protocol over the gRPC and protobuf runtimes that Spark ships shaded
  * inside spark-connect. This is the only file that names `org.sparkproject.*` (a
  * Spark-internal prefix): messages are `DynamicMessage`s built from the descriptor set
- * that build_jar.py generates from proto/oxia_client.proto, so no generated Java exists.
+ * that jar_build.py serializes from the generated oxia_client_pb2, so no generated Java exists.
  * Everything it returns is a plain value of OxiaModel.scala.
  */
 object OxiaWire {
@@ -26,7 +26,7 @@ object OxiaWire {
     val in = getClass.getResourceAsStream(DescriptorResource)
     if (in == null) {
       throw new IllegalStateException(s"$DescriptorResource is missing from the quorumstore " +
-        "state-store jar; rebuild it with `python executor_node/build_jar.py --force`")
+        "state-store jar; rebuild it with `python -m quorumstore.spark.jar_build --force`")
     }
     val set = try DescriptorProtos.FileDescriptorSet.parseFrom(in) finally in.close()
     val built = scala.collection.mutable.Map.empty[String, Descriptors.FileDescriptor]

@@ -58,13 +58,13 @@ object QuorumConf extends Logging {
 
   val KeyPrefix = "spark.quorumstore."
   /** Every `spark.quorumstore.*` setting, Python's and ours: conf_keys.txt, put in the jar by
-   * build_jar.py from python/quorumstore/spark/. */
+   * jar_build.py from python/quorumstore/spark/. */
   val KeysResource = "io/quorumstore/spark/state/conf_keys.txt"
 
   lazy val knownKeys: Set[String] = {
     val stream = getClass.getClassLoader.getResourceAsStream(KeysResource)
     require(stream != null, s"$KeysResource is missing from the quorumstore jar; rebuild it " +
-      "with python executor_node/build_jar.py --force")
+      "with python -m quorumstore.spark.jar_build --force")
     val source = Source.fromInputStream(stream, "UTF-8")
     try source.getLines().map(_.trim).filter(l => l.nonEmpty && !l.startsWith("#")).toSet
     finally source.close()

@@ -1,0 +1,137 @@
+"""`quorumstore cluster`: a coordinator and N `node` processes on this machine, started
+and restarted by the supervisor, with their data and logs in one directory."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from quorumstore.cli import options, supervisor
+from quorumstore.cli.errors import CliError
+from quorumstore.cli.status import fetch_status
+from quorumstore.coordinator.cluster_status import all_replicas_serving, format_status
+from quorumstore.proto import replication_pb2 as pb
+from quorumstore.wire.addresses import host_port
+
+HELP = "a coordinator and N node processes on this machine, each restarted when it stops"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=options.positive, default=3)
+    p.add_argument("--shards", type=options.positive, default=1)
+    p.add_argument("--replication-factor", type=options.positive, default=3)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--base-port",
+        type=options.port,
+        default=options.DEFAULT_CLIENT_PORT,
+        help="nodes listen on base, base+1, ...; the coordinator after them",
+    )
+    p.add_argument("--no-fsync", action="store_true")
+    options.add_storage_flags(p)
+    options.add_failure_timeout_flag(p)
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.replication_factor > args.nodes:
+        raise CliError(
+            f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {args.nodes}"
+        )
+    if args.base_port + args.nodes > 65535:
+        raise CliError(
+            f"--base-port {args.base_port} leaves no room for {args.nodes} nodes and the "
+            f"coordinator (ports up to {args.base_port + args.nodes}); use at most {65535 - args.nodes}"
+        )
+    data_dir = Path(args.data_dir).resolve()
+    options.check_layout(data_dir, mine="node0", other="node", other_command="standalone")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"cannot use {data_dir} as the data directory: {e.strerror}") from None
+    nodes = [host_port(args.host, args.base_port + i) for i in range(args.nodes)]
+    admin = host_port(args.host, args.base_port + args.nodes)
+    for i in range(args.nodes):
+        _check_port_free(args.host, args.base_port + i, f"node {i}")
+    _check_port_free(args.host, args.base_port + args.nodes, "the coordinator's status port")
+    fsync = ["--no-fsync"] if args.no_fsync else []
+    fsync += options.storage_flags(args)
+    commands = [
+        (
+            ["node", "--host", args.host, "--port", str(args.base_port + i),
+             "--data-dir", str(data_dir / f"node{i}"), *fsync],
+            data_dir / f"node{i}.log",
+        )
+        for i in range(args.nodes)
+    ]  # fmt: skip
+    commands.append(
+        (
+            ["coordinator", "--nodes", ",".join(nodes), "--shards", str(args.shards),
+             "--replication-factor", str(args.replication_factor),
+             "--metadata", str(data_dir / "coordinator" / "metadata.pb"),
+             "--host", args.host, "--admin-port", str(args.base_port + args.nodes),
+             "--failure-timeout-ms", str(args.failure_timeout_ms)],
+            data_dir / "coordinator.log",
+        )
+    )  # fmt: skip
+    children: list[supervisor.Child] = []
+    supervisor.stop_on_signals()
+    try:
+        for argv, log_file in commands:
+            children.append(supervisor.Child(argv, log_file))
+        status = _wait_for_cluster(admin, children, timeout_s=60)
+        shards = len(status.metadata.shards)
+        print(
+            f"quorumstore cluster: {args.nodes} nodes, {shards} shards, replication factor {args.replication_factor}",
+            flush=True,
+        )
+        if shards != args.shards:
+            print(
+                f"  (the data directory holds {shards} shards; shard counts are fixed when it is created)",
+                flush=True,
+            )
+        print(f"client address: {nodes[0]}   (all nodes: {', '.join(nodes)})", flush=True)
+        print(f"coordinator:    {admin}   (quorumstore status --coordinator {admin})", flush=True)
+        print(f"data and logs:  {data_dir}", flush=True)
+        print(format_status(status), flush=True)
+        print("Ctrl-C stops the cluster.", flush=True)
+        supervisor.watch(children)
+    except supervisor.Stopped:
+        pass
+    finally:
+        supervisor.stop(children)
+        print("cluster stopped", flush=True)
+
+
+def _check_port_free(host: str, port: int, what: str) -> None:
+    from quorumstore.wire.channels import probe_port
+
+    try:
+        probe_port(host, port)
+    except OSError as e:
+        raise CliError(
+            f"cannot listen on {host_port(host, port)} for {what}: {e.strerror}; is another cluster "
+            "still running there? Stop it or pick another --base-port"
+        ) from None
+
+
+def _wait_for_cluster(
+    admin: str, children: list[supervisor.Child], timeout_s: float
+) -> pb.ClusterStatus:
+    """The cluster's status once every replica serves, so the client address printed
+    next works at once."""
+    deadline = time.monotonic() + timeout_s
+    last_error = ""
+    while time.monotonic() < deadline:
+        supervisor.check_started(children)
+        try:
+            status = fetch_status(admin, timeout=1)
+            if all_replicas_serving(status):
+                return status
+        except CliError as e:
+            last_error = str(e)
+        time.sleep(0.2)
+    raise CliError(
+        f"the cluster did not come online within {timeout_s:.0f} s ({last_error or 'shards still electing'})"
+    )

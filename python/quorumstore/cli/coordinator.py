@@ -1,0 +1,60 @@
+"""`quorumstore coordinator`: the coordinator of a set of nodes, as `cluster` starts it
+or as an operator runs it beside nodes on other machines."""
+
+from __future__ import annotations
+
+import argparse
+
+from quorumstore import event_loops
+from quorumstore.cli import options
+from quorumstore.cli.errors import CliError
+from quorumstore.cli.serving import wait_for_signal
+
+HELP = "the coordinator of a set of nodes"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nodes",
+        type=lambda v: [options.address(a) for a in v.split(",")],
+        required=True,
+        help="comma-separated host:port",
+    )
+    p.add_argument("--shards", type=options.positive, default=1)
+    p.add_argument("--replication-factor", type=options.positive, default=3)
+    p.add_argument(
+        "--metadata", required=True, help="path or fsspec URL of the coordinator's metadata"
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--admin-port", type=options.port, default=0)
+    options.add_failure_timeout_flag(p)
+
+
+def run(args: argparse.Namespace) -> None:
+    event_loops.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
+
+    if args.replication_factor > len(args.nodes):
+        raise CliError(
+            f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {len(args.nodes)}"
+        )
+    coordinator = CoordinatorServer(
+        CoordinatorServerConfig(
+            nodes=args.nodes,
+            metadata_url=args.metadata,
+            namespaces={"default": args.shards},
+            replication_factor=args.replication_factor,
+            admin_host=args.host,
+            admin_port=args.admin_port,
+            failure_timeout_ms=args.failure_timeout_ms,
+        )
+    )
+    await coordinator.start()
+    print(f"quorumstore coordinator admin on {coordinator.admin_address}", flush=True)
+    try:
+        await wait_for_signal()
+    finally:
+        await coordinator.stop()

@@ -1,0 +1,215 @@
+"""The flags several commands share: their value types, their groups, and the node
+settings and child-process flags built from them. Defined once so that `standalone`,
+`cluster` and `node` accept and pass on the same flags."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quorumstore.cli.errors import CliError
+from quorumstore.coordinator.failure_timeout import (
+    DEFAULT_FAILURE_TIMEOUT_MS,
+    check_failure_timeout,
+)
+
+if TYPE_CHECKING:
+    from quorumstore.node.node import NodeConfig
+    from quorumstore.node.wal_retention import WalRetention
+
+DEFAULT_CLIENT_PORT = 6648
+
+
+# ------------------------------------------------------------------ value types
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `minimum`."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {number}")
+        return number
+
+    return parse
+
+
+positive = whole_number(1)
+non_negative = whole_number(0)
+
+
+def positive_float(value: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return number
+
+
+def port(value: str) -> int:
+    """An argparse type: a TCP port, 0 meaning any free one."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be within 0-65535, got {number}")
+    return number
+
+
+def address(value: str) -> str:
+    """An argparse type: host:port."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected host:port, got {value!r}")
+    return value
+
+
+def failure_timeout(value: str) -> int:
+    """An argparse type: a node failure timeout in milliseconds the coordinator can work with."""
+    milliseconds = positive(value)
+    try:
+        check_failure_timeout(milliseconds)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return milliseconds
+
+
+# ------------------------------------------------------------------ flag groups
+
+
+def add_advertise_host_flag(p: argparse.ArgumentParser) -> None:
+    """--advertise-host, of the commands that run a node."""
+    p.add_argument(
+        "--advertise-host",
+        help="the name or address clients and other nodes reach this one by (default: --host; "
+        "required when --host listens on every interface, e.g. 0.0.0.0)",
+    )
+
+
+def add_storage_flags(p: argparse.ArgumentParser) -> None:
+    """WAL retention and KV memory, of the commands that run nodes."""
+    from quorumstore.node.wal_retention import WalRetention
+    from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES
+
+    defaults = WalRetention()
+    p.add_argument(
+        "--wal-keep-entries",
+        type=non_negative,
+        default=defaults.keep_entries,
+        help=f"WAL entries kept below the applied offset for lagging followers (default {defaults.keep_entries})",
+    )
+    p.add_argument(
+        "--wal-keep-bytes",
+        type=non_negative,
+        default=defaults.keep_bytes,
+        help=f"at most this many bytes of those entries are kept (default {defaults.keep_bytes})",
+    )
+    p.add_argument(
+        "--wal-trim-interval",
+        type=positive_float,
+        default=defaults.check_interval_s,
+        help=f"seconds between WAL trims (default {defaults.check_interval_s:g})",
+    )
+    p.add_argument(
+        "--wal-segment-bytes",
+        type=positive,
+        default=defaults.segment_bytes,
+        help=f"WAL segment size, the unit of trimming (default {defaults.segment_bytes})",
+    )
+    p.add_argument(
+        "--kv-memory",
+        type=positive,
+        default=DEFAULT_KV_MEMORY_BYTES,
+        help="bytes of block cache and memtables that all of a node's shard stores share "
+        f"(default {DEFAULT_KV_MEMORY_BYTES})",
+    )
+
+
+def add_failure_timeout_flag(p: argparse.ArgumentParser) -> None:
+    """--failure-timeout-ms, of the commands that run a coordinator."""
+    p.add_argument(
+        "--failure-timeout-ms",
+        type=failure_timeout,
+        default=DEFAULT_FAILURE_TIMEOUT_MS,
+        help="a node silent this long is taken for failed and its shards get new leaders: "
+        "raise it to ride out stalls, lower it to fail over sooner "
+        f"(default {DEFAULT_FAILURE_TIMEOUT_MS})",
+    )
+
+
+# ------------------------------------------------------------------ what the flags configure
+
+
+def storage_flags(args: argparse.Namespace) -> list[str]:
+    """The storage flags of `cluster` (WAL retention, KV memory), passed on to its nodes."""
+    return [
+        "--wal-keep-entries",
+        str(args.wal_keep_entries),
+        "--wal-keep-bytes",
+        str(args.wal_keep_bytes),
+        "--wal-trim-interval",
+        str(args.wal_trim_interval),
+        "--wal-segment-bytes",
+        str(args.wal_segment_bytes),
+        "--kv-memory",
+        str(args.kv_memory),
+    ]
+
+
+def node_config(args: argparse.Namespace, data_dir: Path) -> NodeConfig:
+    """The node of `standalone` or `node`, from their shared flags."""
+    from quorumstore.node.node import NodeConfig
+
+    return NodeConfig(
+        data_dir,
+        host=args.host,
+        port=args.port,
+        advertise_host=_advertise_host(args),
+        wal_sync=not args.no_fsync,
+        wal_retention=_retention(args),
+        kv_memory_bytes=args.kv_memory,
+    )
+
+
+def _advertise_host(args: argparse.Namespace) -> str | None:
+    """The host in the node's address, which other nodes and clients dial."""
+    if args.advertise_host:
+        return str(args.advertise_host)
+    if args.host in ("0.0.0.0", "::", ""):
+        raise CliError(
+            f"--host {args.host!r} listens on every interface, so it is no address to "
+            "dial; add --advertise-host with the name or address other machines reach this one by"
+        )
+    return None
+
+
+def _retention(args: argparse.Namespace) -> WalRetention:
+    from quorumstore.node.wal_retention import WalRetention
+
+    return WalRetention(
+        keep_entries=args.wal_keep_entries,
+        keep_bytes=args.wal_keep_bytes,
+        check_interval_s=args.wal_trim_interval,
+        segment_bytes=args.wal_segment_bytes,
+    )
+
+
+def check_layout(data_dir: Path, mine: str, other: str, other_command: str) -> None:
+    """`standalone` keeps its node in D/node, `cluster` in D/node0, D/node1, ...: started on
+    the other's directory, a command would find its node's directory empty and serve an
+    empty store next to the data it was meant to serve."""
+    if (data_dir / other).is_dir() and not (data_dir / mine).exists():
+        raise CliError(
+            f"{data_dir} holds the data of `quorumstore {other_command}` ({data_dir / other}); "
+            f"start it with `quorumstore {other_command}`, or give another --data-dir"
+        )

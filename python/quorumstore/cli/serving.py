@@ -1,0 +1,31 @@
+"""How the commands that run a server in this process (`standalone`, `node`,
+`coordinator`) wait: until SIGINT or SIGTERM, or until the node fails."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quorumstore.node.node import Node
+
+
+async def wait_for_signal() -> None:
+    """Returns on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve_until_signal(node: Node) -> None:
+    """Returns on SIGINT or SIGTERM; raises the node's ReplicaFailure if a shard fails first."""
+    signalled = asyncio.ensure_future(wait_for_signal())
+    failed = asyncio.ensure_future(node.wait())
+    done, pending = await asyncio.wait([signalled, failed], return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    if failed in done:
+        failed.result()

@@ -1,0 +1,543 @@
+"""A small synchronous client of quorumstore's data service (`quorumstore.data.v1`).
+
+Internal: the Spark data source uses it on the driver and in tasks; tests and the
+benchmark use it to load data. It routes by key hash as `AsyncClient` does (the
+same `routing.ShardMap`), finds each shard's leader and followers in the routing
+table (`ListShards`), and retries what is safe to retry on another replica or a bit
+later (`retry.classify`'s transient failures, with `retry.Backoff`'s waits): reads
+before their first row arrives, change reads from the last row received, and writes
+that carry an exactly-once serial. It blocks, unlike `AsyncClient`: Spark tasks and
+the driver call it from plain threads.
+
+Example::
+
+    with DataClient("127.0.0.1:6648") as client:
+        rows = pa.table({"key": ["a", "b"], "value": [b"1", b"2"]})
+        for shard, part in client.route(rows).items():
+            client.write(shard, part, origin=ClientSerial("loader-1", 0))
+        for batch, commit_offset in client.scan(0):
+            ...
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, Self, TypeVar
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from quorumstore.arrow.ipc import ipc_batches, ipc_bytes
+from quorumstore.client.retry import Backoff, Transient, classify
+from quorumstore.client.routing import ShardAssignment, ShardMap
+from quorumstore.proto import quorumstore_data_pb2 as pb
+from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
+from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS
+from quorumstore.wire.metadata import DEFAULT_NAMESPACE, ClientSerial
+from quorumstore.wire.schemas import ROWS_SCHEMA
+
+#: How long a call keeps retrying (elections, leader changes) before it gives up.
+DEFAULT_RETRY_S = 60.0
+#: Deadline of one unary call.
+_CALL_TIMEOUT_S = 120.0
+#: `retry.Backoff` between rounds of attempts: from 50 ms, doubling up to 1 s.
+_BACKOFF_S = (0.05, 1.0)
+
+_T = TypeVar("_T")
+
+
+class _ChunkStream(Protocol):
+    """A server-streaming call: an iterator of its responses that `cancel()` ends."""
+
+    def __iter__(self) -> Iterator[pb.ArrowChunk]: ...
+
+    def __next__(self) -> pb.ArrowChunk: ...
+
+    def cancel(self) -> bool: ...
+
+
+class DataClientError(RuntimeError):
+    """A data service call failed for good; the message says which and why."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Shard:
+    shard: int
+    min_hash: int
+    max_hash: int
+    leader: str
+    followers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    #: The entry's offset (-1 for a duplicate detected before it was proposed).
+    offset: int
+    duplicate: bool
+    rows: int
+
+
+@dataclass(frozen=True)
+class Offsets:
+    commit_offset: int
+    #: Changes after this offset are kept (-1: none expired).
+    changes_kept_after: int
+
+
+def _describe(error: grpc.RpcError) -> str:
+    return f"{error.code().name}: {error.details()}"
+
+
+def _retryable(error: grpc.RpcError) -> bool:
+    """Whether the call may succeed on another replica or a bit later: a transient
+    failure (`retry.classify`), except a data call that ran out of its own deadline,
+    which was slow rather than refused and would be as slow again."""
+    return error.code() != grpc.StatusCode.DEADLINE_EXCEEDED and isinstance(
+        classify(error), Transient
+    )
+
+
+class DataClient:
+    """Routing table, channels and per-shard calls of one namespace.
+
+    `address` is one node or a comma-separated list of nodes; any node serves the
+    routing table. Not thread-safe: use one client per thread.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        namespace: str = DEFAULT_NAMESPACE,
+        *,
+        retry_s: float = DEFAULT_RETRY_S,
+    ) -> None:
+        self.bootstrap = [a.strip() for a in address.split(",") if a.strip()]
+        if not self.bootstrap:
+            raise ValueError(f"no address in {address!r}")
+        self.namespace = namespace
+        self.retry_s = retry_s
+        self._channels: dict[str, grpc.Channel] = {}
+        self._shards: list[Shard] | None = None
+        #: Routing by key hash over `_shards`; built when first needed after a refresh.
+        self._map: ShardMap | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def _stub(self, address: str) -> pb_grpc.QuorumstoreDataStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return pb_grpc.QuorumstoreDataStub(channel)
+
+    # -------------------------------------------------------------- routing
+
+    def shards(self, *, refresh: bool = False, timeout_s: float | None = None) -> list[Shard]:
+        """The namespace's shards, by shard id; asks the nodes again when `refresh`."""
+        if self._shards is None or refresh:
+            self._shards = self._retrying(
+                "list the shards", lambda: self._list_shards(), timeout_s or self.retry_s
+            )
+            self._map = None
+        return self._shards
+
+    def _routing(self) -> ShardMap:
+        shards = self.shards()
+        if self._map is None:
+            try:
+                self._map = ShardMap(
+                    ShardAssignment(s.shard, s.leader, s.min_hash, s.max_hash) for s in shards
+                )
+            except ValueError as e:
+                raise DataClientError(f"cannot route the keys of {self.namespace!r}: {e}") from None
+        return self._map
+
+    def _list_shards(self) -> list[Shard]:
+        known = {a for s in self._shards or () for a in (s.leader, *s.followers) if a}
+        errors = []
+        for address in [*self.bootstrap, *sorted(known - set(self.bootstrap))]:
+            try:
+                response = self._stub(address).ListShards(
+                    pb.ListShardsRequest(namespace=self.namespace), timeout=5.0
+                )
+            except grpc.RpcError as e:
+                if not isinstance(classify(e), Transient):
+                    raise DataClientError(f"{address}: {_describe(e)}", e.code()) from None
+                errors.append(f"{address}: {_describe(e)}")
+                continue
+            return sorted(
+                (
+                    Shard(
+                        s.shard,
+                        s.min_hash_inclusive,
+                        s.max_hash_inclusive,
+                        s.leader,
+                        tuple(s.followers),
+                    )
+                    for s in response.shards
+                ),
+                key=lambda s: s.shard,
+            )
+        raise _Retry("; ".join(errors))
+
+    def shard(self, shard_id: int) -> Shard:
+        for s in self.shards():
+            if s.shard == shard_id:
+                return s
+        raise DataClientError(f"namespace {self.namespace!r} has no shard {shard_id}")
+
+    def shard_of(self, key: str) -> int:
+        return self._routing().shard_for(key)
+
+    def route(self, rows: pa.Table | pa.RecordBatch) -> dict[int, pa.Table]:
+        """`rows` (with a string `key` column) split by shard; shards without rows are left out."""
+        table = pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows
+        if table.num_rows == 0:
+            return {}
+        shard_ids = self._routing().shards_for(table.column("key").to_pylist())
+        return {
+            int(shard): table.take(pa.array(np.flatnonzero(shard_ids == shard)))
+            for shard in np.unique(shard_ids)
+        }
+
+    # -------------------------------------------------------------- retries
+
+    def _retrying(self, what: str, call: Callable[[], _T], retry_s: float | None = None) -> _T:
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        backoff = Backoff(*_BACKOFF_S)
+        while True:
+            try:
+                return call()
+            except _Retry as e:
+                last = str(e)
+            except grpc.RpcError as e:
+                if not _retryable(e):
+                    raise DataClientError(f"cannot {what}: {_describe(e)}", e.code()) from None
+                last = _describe(e)
+            if time.monotonic() + backoff.limit > deadline:
+                raise DataClientError(
+                    f"cannot {what} (gave up after retrying): {last}", grpc.StatusCode.UNAVAILABLE
+                )
+            time.sleep(backoff.next_delay())
+
+    def _replicas(self, shard_id: int, prefer_follower: bool) -> list[str]:
+        """Nodes to ask, in order of preference."""
+        s = self.shard(shard_id)
+        followers = [f for f in s.followers if f]
+        random.shuffle(followers)
+        leader = [s.leader] if s.leader else []
+        return followers + leader if prefer_follower else leader + followers
+
+    def _on_shard(
+        self,
+        shard_id: int,
+        what: str,
+        call: Callable[[pb_grpc.QuorumstoreDataStub], _T],
+        *,
+        followers: bool = False,
+        prefer_follower: bool = False,
+        retry: bool = True,
+    ) -> _T:
+        """`call` on the shard's leader (or any replica when `followers`), refreshing the
+        routing table and retrying on retryable errors when `retry`."""
+        first = True
+
+        def attempt() -> _T:
+            nonlocal first
+            if not first:
+                self.shards(refresh=True)
+            first = False
+            replicas = (
+                self._replicas(shard_id, prefer_follower)
+                if followers
+                else [self.shard(shard_id).leader]
+            )
+            errors = []
+            for address in [a for a in replicas if a]:
+                try:
+                    return call(self._stub(address))
+                except grpc.RpcError as e:
+                    if not retry or not _retryable(e):
+                        raise
+                    errors.append(f"{address}: {_describe(e)}")
+            raise _Retry("; ".join(errors) or f"shard {shard_id} has no leader right now")
+
+        if not retry:
+            try:
+                return attempt()
+            except grpc.RpcError as e:
+                raise DataClientError(
+                    f"cannot {what} on shard {shard_id}: {_describe(e)}", e.code()
+                ) from None
+            except _Retry as e:
+                raise DataClientError(
+                    f"cannot {what} on shard {shard_id}: {e}", grpc.StatusCode.UNAVAILABLE
+                ) from None
+        return self._retrying(f"{what} on shard {shard_id}", attempt)
+
+    # -------------------------------------------------------------- reads
+
+    def split_ranges(
+        self,
+        shard_id: int,
+        ranges: Sequence[tuple[str, str]],
+        max_rows: int,
+        *,
+        allow_follower: bool = False,
+    ) -> list[tuple[str, str]]:
+        request = pb.SplitRangesRequest(
+            namespace=self.namespace,
+            shard=shard_id,
+            ranges=[pb.KeyRange(min_inclusive=a, max_exclusive=b) for a, b in ranges],
+            max_rows=max_rows,
+            allow_follower=allow_follower,
+        )
+        response = self._on_shard(
+            shard_id,
+            "split key ranges",
+            lambda stub: stub.SplitRanges(request, timeout=_CALL_TIMEOUT_S),
+            followers=allow_follower,
+            prefer_follower=allow_follower,
+        )
+        return [(r.min_inclusive, r.max_exclusive) for r in response.ranges]
+
+    def scan(
+        self,
+        shard_id: int,
+        ranges: Sequence[tuple[str, str]] = (),
+        keys: Sequence[str] = (),
+        *,
+        allow_follower: bool = False,
+        batch_rows: int = 0,
+    ) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """(record batch, commit offset) chunks of one snapshot of the shard.
+
+        Failures before the first chunk are retried; later ones raise (the rows read
+        so far came from a snapshot that cannot be resumed).
+        """
+        request = pb.ScanRequest(
+            namespace=self.namespace,
+            shard=shard_id,
+            ranges=[pb.KeyRange(min_inclusive=a, max_exclusive=b) for a, b in ranges],
+            keys=list(keys),
+            allow_follower=allow_follower,
+            batch_rows=batch_rows,
+        )
+
+        def open_stream(
+            stub: pb_grpc.QuorumstoreDataStub,
+        ) -> tuple[_ChunkStream, pb.ArrowChunk]:
+            stream = stub.ScanArrow(request)
+            return stream, next(stream)
+
+        chunk: pb.ArrowChunk | None
+        stream, chunk = self._on_shard(
+            shard_id, "scan", open_stream, followers=allow_follower, prefer_follower=allow_follower
+        )
+        try:
+            while chunk is not None:
+                for batch in ipc_batches(chunk.ipc):
+                    yield batch, chunk.commit_offset
+                chunk = next(stream, None)
+        except grpc.RpcError as e:
+            raise DataClientError(
+                f"scan of shard {shard_id} failed midway: {_describe(e)}", e.code()
+            ) from None
+        finally:
+            stream.cancel()
+
+    def offsets(self, shard_id: int, *, allow_follower: bool = False) -> Offsets:
+        request = pb.GetOffsetsRequest(
+            namespace=self.namespace, shard=shard_id, allow_follower=allow_follower
+        )
+        response = self._on_shard(
+            shard_id,
+            "read offsets",
+            lambda stub: stub.GetOffsets(request, timeout=_CALL_TIMEOUT_S),
+            followers=allow_follower,
+        )
+        return Offsets(response.commit_offset, response.changes_kept_after)
+
+    def changes(
+        self, shard_id: int, start_exclusive: int, end_inclusive: int, *, max_rows: int = 0
+    ) -> Iterator[pa.RecordBatch]:
+        """The change rows of entries in (start, end], in offset order, each exactly once.
+
+        Any replica that has applied `end` serves them; a failed stream resumes after
+        the last row it delivered (inside an entry split over chunks, too), on whichever
+        replica answers.
+        """
+        position = start_exclusive
+        # Rows delivered of the entry after `position` (a split entry's first chunks).
+        delivered = 0
+        stalled_since: float | None = None
+        while position < end_inclusive:
+            request = pb.ReadChangesRequest(
+                namespace=self.namespace,
+                shard=shard_id,
+                start_offset_exclusive=position,
+                end_offset_inclusive=end_inclusive,
+                max_rows=max_rows,
+                skip_rows=delivered,
+            )
+
+            def open_stream(
+                stub: pb_grpc.QuorumstoreDataStub, request: pb.ReadChangesRequest = request
+            ) -> tuple[_ChunkStream, pb.ArrowChunk | None]:
+                stream = stub.ReadChanges(request)
+                return stream, next(stream, None)
+
+            stream, chunk = self._on_shard(shard_id, "read changes", open_stream, followers=True)
+            resumed_at = position
+            try:
+                while chunk is not None:
+                    batches = ipc_batches(chunk.ipc)
+                    yield from batches
+                    if chunk.commit_offset != position:
+                        position, delivered = chunk.commit_offset, 0
+                    delivered += sum(
+                        pc.sum(pc.greater(b.column("offset"), position)).as_py() or 0
+                        for b in batches
+                    )
+                    chunk = next(stream, None)
+                return
+            except grpc.RpcError as e:
+                now = time.monotonic()
+                stalled_since = (
+                    stalled_since if position == resumed_at and stalled_since is not None else now
+                )
+                if not _retryable(e) or now - stalled_since > self.retry_s:
+                    raise DataClientError(
+                        f"cannot read changes of shard {shard_id}: {_describe(e)}", e.code()
+                    ) from None
+            finally:
+                stream.cancel()
+
+    # -------------------------------------------------------------- writes
+
+    def write(
+        self,
+        shard_id: int,
+        rows: pa.Table | pa.RecordBatch,
+        *,
+        origin: ClientSerial | None = None,
+        replace: tuple[str, str] | None = None,
+        unique_keys: bool = False,
+    ) -> WriteResult:
+        """Rows (key string, value binary) as ONE entry on the shard's leader.
+
+        With `origin` the write is exactly-once and retried across leader changes;
+        without it, a failure is not retried (its outcome may be unknown).
+        """
+        request = self._write_request(shard_id, origin, replace, unique_keys)
+        request.ipc = ipc_bytes(rows.select(ROWS_SCHEMA.names))
+        return self._send_write(shard_id, request, retry=origin is not None)
+
+    def publish(
+        self,
+        shard_id: int,
+        write_id: str,
+        parts: Iterable[tuple[str, int, int]],
+        *,
+        origin: ClientSerial,
+        replace: tuple[str, str] | None = None,
+        unique_keys: bool = False,
+        validate_only: bool = False,
+    ) -> WriteResult:
+        """Publishes staged (part, chunks, rows) as ONE entry, exactly once per `origin`.
+
+        With `validate_only` the leader checks that it would succeed and writes nothing.
+        """
+        request = self._write_request(shard_id, origin, replace, unique_keys)
+        request.validate_only = validate_only
+        request.staged.CopyFrom(
+            pb.StagedRows(
+                write_id=write_id,
+                parts=[pb.StagedPart(part=p, chunks=c, rows=r) for p, c, r in parts],
+            )
+        )
+        return self._send_write(shard_id, request, retry=True)
+
+    def _write_request(
+        self,
+        shard_id: int,
+        origin: ClientSerial | None,
+        replace: tuple[str, str] | None,
+        unique_keys: bool,
+    ) -> pb.WriteArrowRequest:
+        request = pb.WriteArrowRequest(
+            namespace=self.namespace, shard=shard_id, unique_keys=unique_keys
+        )
+        if origin is not None:
+            request.client_id, request.serial, request.has_serial = (
+                origin.client_id,
+                origin.serial,
+                True,
+            )
+        if replace is not None:
+            request.replace = True
+            request.replace_min_inclusive, request.replace_max_exclusive = replace
+        return request
+
+    def _send_write(
+        self, shard_id: int, request: pb.WriteArrowRequest, *, retry: bool
+    ) -> WriteResult:
+        response = self._on_shard(
+            shard_id,
+            "write",
+            lambda stub: stub.WriteArrow(request, timeout=_CALL_TIMEOUT_S),
+            retry=retry,
+        )
+        return WriteResult(response.offset, response.duplicate, response.rows)
+
+    def stage(
+        self, shard_id: int, write_id: str, part: str, chunk: int, rows: pa.Table | pa.RecordBatch
+    ) -> int:
+        """Keeps rows on the shard's leader under (write id, part, chunk); returns their count."""
+        request = pb.StageArrowRequest(
+            namespace=self.namespace,
+            shard=shard_id,
+            write_id=write_id,
+            part=part,
+            chunk=chunk,
+            ipc=ipc_bytes(rows.select(ROWS_SCHEMA.names)),
+        )
+        response = self._on_shard(
+            shard_id, "stage rows", lambda stub: stub.StageArrow(request, timeout=_CALL_TIMEOUT_S)
+        )
+        return response.rows
+
+    def discard(self, write_id: str) -> list[str]:
+        """Drops what is staged under `write_id` on every node; returns the nodes it could not reach."""
+        nodes = {a for s in self.shards(refresh=True) for a in (s.leader, *s.followers) if a}
+        unreachable = []
+        for address in sorted(nodes):
+            try:
+                self._stub(address).DiscardStaged(
+                    pb.DiscardStagedRequest(write_id=write_id), timeout=10.0
+                )
+            except grpc.RpcError:
+                unreachable.append(address)
+        return unreachable
+
+
+class _Retry(Exception):
+    """Nothing answered usefully this round; `_retrying` tries again after a back-off."""

@@ -1,0 +1,77 @@
+"""Reading the coordinator's `ClusterStatus`: whether every replica serves, and the table
+that `quorumstore status`, `quorumstore cluster` and the Spark-hosted cluster's
+``status()`` print. A module of its own, beside the coordinator rather than in the
+command line, because the Spark hosting reads the same message and the command line is
+the top layer that nothing imports."""
+
+from __future__ import annotations
+
+from quorumstore.proto import replication_pb2 as pb
+
+
+def all_replicas_serving(status: pb.ClusterStatus) -> bool:
+    """Every shard has a leader and every replica follows it in the leader's term.
+
+    ONLINE alone is not enough to hand out the client address: a replica still fenced
+    in the new term does not know the leader yet, so its node answers clients (or relays
+    for them) with "not leader" until the leader's first Append reaches it.
+    """
+    shards = {(m.namespace, m.shard): m for m in status.metadata.shards}
+    if not shards or any(m.status != pb.ONLINE for m in shards.values()):
+        return False
+    serving = {
+        (r.namespace, r.shard, r.node)
+        for r in status.replicas
+        if r.role in (pb.LEADER, pb.FOLLOWER)
+        and (r.namespace, r.shard) in shards
+        and r.term == shards[(r.namespace, r.shard)].term
+    }
+    return all(
+        (m.namespace, m.shard, node) in serving for m in shards.values() for node in m.ensemble
+    )
+
+
+def format_status(status: pb.ClusterStatus) -> str:
+    """One row per shard (state, term, leader, offsets, follower lag, eligible set),
+    then the nodes the coordinator cannot reach."""
+    state_names = {pb.ELECTION: "election", pb.ONLINE: "online", pb.OFFLINE: "OFFLINE"}
+    # Keyed by node too: a leader that went down leaves its last report behind, and the
+    # shard's current leader must not be hidden behind it.
+    leaders = {
+        (r.namespace, r.shard, r.node, r.term): r for r in status.replicas if r.role == pb.LEADER
+    }
+    alive = status.nodes_alive
+    rows = [("shard", "state", "term", "leader", "head", "commit", "followers (lag)", "eligible")]
+    for m in status.metadata.shards:
+        report = leaders.get((m.namespace, m.shard, m.leader, m.term))
+        if report is not None:
+            head, commit = str(report.head.offset), str(report.commit_offset)
+            # A follower that is down keeps its last acked offset: say so beside its lag.
+            followers = (
+                ", ".join(
+                    f"{f.name} ({max(0, report.commit_offset - f.acked_offset)}"
+                    f"{'' if alive.get(f.name, True) else ', down'})"
+                    for f in report.followers
+                )
+                or "-"
+            )
+        else:
+            head, commit, followers = "?", "?", "-"
+        rows.append(
+            (
+                f"{m.namespace}/{m.shard}",
+                state_names[m.status],
+                str(m.term),
+                m.leader or "-",
+                head,
+                commit,
+                followers,
+                ", ".join(m.eligible) or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    down = [n for n, up in sorted(alive.items()) if not up]
+    if down:
+        lines.append(f"unreachable nodes: {', '.join(down)}")
+    return "\n".join(lines)

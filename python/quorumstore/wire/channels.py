@@ -1,0 +1,84 @@
+"""gRPC channel and server options, and listening on an address.
+
+Every process of a cluster (nodes, the coordinator, clients) speaks with the same
+message size limit: a bulk write's entry travels to each follower in one message.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import grpc
+
+from quorumstore.wire.addresses import host_port
+
+#: Largest gRPC message any quorumstore process sends or accepts.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+MESSAGE_SIZE_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+#: Channels between cluster members (replication, control, the data service): keepalive
+#: pings notice a dead peer on an otherwise idle connection.
+PEER_CHANNEL_OPTIONS = [*MESSAGE_SIZE_OPTIONS, ("grpc.keepalive_time_ms", 10_000)]
+#: Servers add: no SO_REUSEPORT (gRPC sets it by default on Linux), so that a second
+#: process on a node's port fails to start instead of taking half of its connections.
+SERVER_OPTIONS = [*PEER_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
+#: A restarted node is found again within a second, not after gRPC's default backoff,
+#: which grows to two minutes.
+_FAST_RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+#: quorumstore's client: a channel of its own per address (gRPC otherwise shares
+#: subchannels, and with them the reconnect backoff of a dead node, with every later
+#: channel to it); retries are the client's own, never gRPC's.
+CLIENT_CHANNEL_OPTIONS = [
+    *MESSAGE_SIZE_OPTIONS,
+    ("grpc.use_local_subchannel_pool", 1),
+    *_FAST_RECONNECT_OPTIONS,
+    ("grpc.enable_retries", 0),
+]
+#: A node relaying a call to a shard's leader: a leader that was down is retried soon
+#: after it is back.
+RELAY_CHANNEL_OPTIONS = [
+    *MESSAGE_SIZE_OPTIONS,
+    *_FAST_RECONNECT_OPTIONS,
+    ("grpc.min_reconnect_backoff_ms", 100),
+]
+
+
+def probe_port(host: str, port: int) -> None:
+    """Binds and releases host:port as a server here binds (SO_REUSEADDR, no SO_REUSEPORT),
+    raising bind's OSError: EADDRINUSE while anything listens there, EADDRNOTAVAIL for an
+    address this machine does not own (socket.gaierror for a name that does not resolve).
+    Lets a caller say which before starting anything."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM
+    )[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)
+
+
+def listen(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Binds `server` to host:port (0: any free port); returns the port or raises OSError.
+
+    A fixed port is probed first, so the error says why (in use, or not an address of
+    this machine) and gRPC's C core logs nothing. grpcio reports a failed bind by
+    returning 0 in some versions and by raising RuntimeError in others."""
+    if port:
+        try:
+            probe_port(host, port)
+        except OSError as e:
+            raise OSError(f"cannot listen on {host_port(host, port)}: {e.strerror}") from None
+    try:
+        bound = server.add_insecure_port(host_port(host, port))
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise OSError(
+            f"cannot listen on {host_port(host, port)}: the port is taken, or {host} is not an address "
+            "of this machine"
+        )
+    return bound
