@@ -144,15 +144,18 @@ class QuorumstoreCluster(ProcessCluster):
         super().__init__()
         self._base = base_dir
         self._shards = shards
-        ports = _free_ports(NODES + 1)
+        ports = _free_ports(2 * NODES + 1)
         self.nodes = [f"{LOCALHOST}:{p}" for p in ports[:NODES]]
         self.admin = f"{LOCALHOST}:{ports[NODES]}"
+        #: Node -> its internal port (loopback only, so no cluster secret is needed).
+        self.internal = dict(zip(self.nodes, ports[NODES + 1 :], strict=True))
 
     def _argv(self, name: str) -> list[str]:
         if name == "coordinator":
             return [
                 "coordinator",
                 f"--nodes={','.join(self.nodes)}",
+                f"--internal-addresses={','.join(f'{LOCALHOST}:{p}' for p in self.internal.values())}",
                 f"--shards={self._shards}",
                 f"--replication-factor={NODES}",
                 f"--metadata={self._base / 'coordinator' / 'metadata.pb'}",
@@ -163,6 +166,7 @@ class QuorumstoreCluster(ProcessCluster):
             "node",
             f"--host={LOCALHOST}",
             f"--port={name.rpartition(':')[2]}",
+            f"--internal-port={self.internal[name]}",
             f"--data-dir={self._base / name.replace(':', '_')}",
         ]
 

@@ -165,6 +165,8 @@ async def _durable_on_majority(
     pending.update(ack for ack in acks if ack is not None)
     durable = 0
     while durable < 2:
+        if not pending:  # both followers are lost: no majority will ever be durable
+            await asyncio.Future()
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         durable += len(done)
 

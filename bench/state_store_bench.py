@@ -246,7 +246,7 @@ def _port_free(port: int) -> bool:
 
 
 def start_cluster(data_dir: Path, fsync: bool) -> tuple[subprocess.Popen[bytes], str]:
-    base = free_base_port(4)
+    base = free_base_port(7)  # 3 nodes, the coordinator, 3 internal ports
     argv = [
         sys.executable,
         "-m",

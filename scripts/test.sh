@@ -2,7 +2,8 @@
 # Installs quorumstore with its test dependencies and runs every test tier, fastest first:
 # static checks (mypy, ruff, import layering), unit, integration (in-process servers), the
 # fresh install of a built wheel, deterministic simulation, process (real servers on
-# loopback), Spark (local mode).
+# loopback), multihost (network-namespace hosts and a Spark standalone cluster; root), Spark
+# (local mode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,10 @@ python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 if ! command -v etcd >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   # The etcd peer's tests need Debian's etcd; install it where we may.
   apt-get update -qq >/dev/null && apt-get install -y -qq etcd-server etcd-client >/dev/null
+fi
+if ! command -v iptables-legacy >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  # The multi-host tier's partition and delay helpers need iptables.
+  apt-get update -qq >/dev/null && apt-get install -y -qq iptables >/dev/null
 fi
 export PYSPARK_PYTHON="$(python -c 'import sys; print(sys.executable)')"
 export PYSPARK_DRIVER_PYTHON="$PYSPARK_PYTHON"
@@ -42,6 +47,7 @@ run_tier integration run_pytest tests/integration
 run_tier "fresh install" bash scripts/fresh-install.sh
 run_tier simulation run_pytest tests/simulation
 run_tier process run_pytest tests/process
+run_tier multihost run_pytest tests/multihost
 # Each Spark module runs in its own pytest process, so each gets a fresh JVM: the
 # state-store provider's jar reaches the driver's class path only when its JVM starts.
 for module in tests/spark/test_*.py; do

@@ -9,7 +9,8 @@ started. `WriteLoad` writes through the official Oxia client meanwhile and reads
 acknowledged write back.
 
 State is observed the way an operator would: the coordinator's `CoordinatorAdmin`
-service (`GetClusterStatus`) and each node's `NodeControl.GetStatus`.
+service (`GetClusterStatus`) and each node's `NodeControl.GetStatus` on its internal
+port, with the cluster secret the harness writes for its processes.
 
 Every quorumstore process a test starts goes through `start_cli` or `run_cli`, so each
 runs this interpreter's package the same way.
@@ -43,6 +44,7 @@ import xxhash
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.testing import official_oxia_client
+from quorumstore.wire.auth import ClusterSecret
 
 T = TypeVar("T")
 
@@ -259,11 +261,17 @@ class LocalCluster:
         self.shards = shards
         self.replication_factor = replication_factor
         self.host = host
-        base = free_ports(nodes + 1, host)
+        base = free_ports(2 * nodes + 1, host)
         self.nodes: list[str] = [f"{host}:{base + i}" for i in range(nodes)]
         self.admin_address = f"{host}:{base + nodes}"
+        #: Node address -> its internal address (node control, replication).
+        self.internal = {n: f"{host}:{base + nodes + 1 + i}" for i, n in enumerate(self.nodes)}
         self.metadata_path = root / "coordinator" / "metadata.pb"
         (root / "logs").mkdir(parents=True, exist_ok=True)
+        self.secret = ClusterSecret.generate()
+        self.secret_file = root / "cluster-secret"
+        self.secret.write_file(self.secret_file)
+        secret_flag = ["--cluster-secret-file", str(self.secret_file)]
         no_fsync = [] if fsync else ["--no-fsync"]
         self._processes: dict[str, ManagedProcess] = {}
         for i, address in enumerate(self.nodes):
@@ -274,6 +282,9 @@ class LocalCluster:
                 host,
                 "--port",
                 port,
+                "--internal-port",
+                self.internal[address].rpartition(":")[2],
+                *secret_flag,
                 "--data-dir",
                 str(self.node_dir(address)),
                 *no_fsync,
@@ -288,6 +299,9 @@ class LocalCluster:
                 "coordinator",
                 "--nodes",
                 ",".join(self.nodes),
+                "--internal-addresses",
+                ",".join(self.internal.values()),
+                *secret_flag,
                 "--shards",
                 str(shards),
                 "--replication-factor",
@@ -356,7 +370,7 @@ class LocalCluster:
         """kill -9 of a node process; returns the monotonic time of the kill."""
         at = time.monotonic()
         self._processes[node].kill9()
-        self._drop_channel(node)
+        self._drop_channel(self.internal[node])
         return at
 
     def pause(self, name: str) -> float:
@@ -403,10 +417,12 @@ class LocalCluster:
         assert pid is not None, f"{name} was never started"
         os.kill(pid, sig)
 
-    def restart(self, node: str) -> None:
-        """Starts a stopped node again on its port and data directory; waits until it serves."""
+    def restart(self, node: str, *, wait: bool = True) -> None:
+        """Starts a stopped node again on its port and data directory; waits until it
+        serves, unless told not to (a node that cannot join, for instance)."""
         self._processes[node].start()
-        self._wait_node_serving(node)
+        if wait:
+            self._wait_node_serving(node)
 
     def wipe(self, node: str) -> None:
         """Deletes a stopped node's whole data directory."""
@@ -457,10 +473,12 @@ class LocalCluster:
         return m.leader if m.status == pb.ONLINE and m.leader else None
 
     def node_status(self, node: str, shard: int) -> pb.GetStatusResponse:
-        """One replica's own status (NodeControl.GetStatus on that node)."""
-        stub = pb_grpc.NodeControlStub(self._channel(node))
+        """One replica's own status (NodeControl.GetStatus on that node's internal port)."""
+        stub = pb_grpc.NodeControlStub(self._channel(self.internal[node]))
         return stub.GetStatus(
-            pb.GetStatusRequest(namespace=NAMESPACE, shard=shard), timeout=_RPC_TIMEOUT_S
+            pb.GetStatusRequest(namespace=NAMESPACE, shard=shard),
+            timeout=_RPC_TIMEOUT_S,
+            metadata=self.secret.metadata,
         )
 
     def _wait_node_serving(self, node: str) -> None:

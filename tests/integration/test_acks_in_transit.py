@@ -38,9 +38,9 @@ def _put(key: str) -> bytes:
 
 async def _scenario(data_dir: Path) -> None:
     node = Node(NodeConfig(data_dir, port=0, wal_sync=False))
-    address = await node.start()
+    await node.start()
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with grpc.aio.insecure_channel(node.internal_address) as channel:
             await pb_grpc.NodeControlStub(channel).NewTerm(
                 pb.NewTermRequest(namespace=SHARD[0], shard=SHARD[1], term=1),
                 metadata=REPLICATION_METADATA,
@@ -88,13 +88,15 @@ async def _leader_scenario(data_dir: Path, writes: int) -> None:
     leader = Node(NodeConfig(data_dir / "a", port=0))
     follower = Node(NodeConfig(data_dir / "b", port=0))
     nodes = [await leader.start(), await follower.start()]
+    internal = [leader.internal_address, follower.internal_address]
+    leader.transport.set_internal_addresses(dict(zip(nodes, internal, strict=True)))
     try:
-        for address in nodes:
+        for address in internal:
             async with grpc.aio.insecure_channel(address) as channel:
                 await pb_grpc.NodeControlStub(channel).NewTerm(
                     pb.NewTermRequest(namespace=SHARD[0], shard=SHARD[1], term=1), timeout=10
                 )
-        async with grpc.aio.insecure_channel(nodes[0]) as channel:
+        async with grpc.aio.insecure_channel(internal[0]) as channel:
             await pb_grpc.NodeControlStub(channel).BecomeLeader(
                 pb.BecomeLeaderRequest(
                     namespace=SHARD[0],

@@ -91,6 +91,11 @@ class SingleReplicaHost:
         self._changed = asyncio.Event()
         return result
 
+    async def read_barrier(self) -> None:
+        """One replica is its own majority: it knows it leads, with all writes applied."""
+        if not self.leader or self.deposed:
+            raise NotLeaderError((self.namespace, self.shard), Role.FOLLOWER, TERM, self.hint)
+
     def reader(self) -> ShardStateMachine:
         return self.state
 

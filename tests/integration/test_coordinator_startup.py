@@ -23,7 +23,11 @@ def test_coordinator_keeps_saved_shard_counts_and_says_so(
     url = str(tmp_path / "metadata.pb")
     MetadataStore(url).save(initial_metadata(NODES, {"default": 2}, 3))
     config = CoordinatorServerConfig(
-        nodes=NODES, metadata_url=url, namespaces={"default": 5}, replication_factor=3
+        nodes=NODES,
+        metadata_url=url,
+        internal_addresses={n: n.replace(":70", ":80") for n in NODES},
+        namespaces={"default": 5},
+        replication_factor=3,
     )
 
     async def start_and_stop() -> int:

@@ -104,10 +104,10 @@ def test_a_directory_written_before_the_marker_existed_is_adopted(tmp_path: Path
 async def _replication_errors(data_dir: Path, metadata: tuple[tuple[str, str], ...]) -> dict:
     """Each Replication call, made to a real node with `metadata`, and the error it got."""
     node = Node(NodeConfig(data_dir, port=0, wal_sync=False))
-    address = await node.start()
+    await node.start()
     errors: dict[str, grpc.aio.AioRpcError] = {}
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with grpc.aio.insecure_channel(node.internal_address) as channel:
             stub = pb_grpc.ReplicationStub(channel)
             unknown_shard = pb.TruncateRequest(namespace="default", shard=7, term=1)
             calls = {

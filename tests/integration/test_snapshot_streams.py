@@ -20,7 +20,12 @@ import grpc
 import pytest
 
 from quorumstore.node import snapshot_streams
-from quorumstore.node.data_format import DATA_FORMAT, METADATA_KEY, RefusalLog
+from quorumstore.node.data_format import (
+    DATA_FORMAT,
+    METADATA_KEY,
+    REPLICATION_METADATA,
+    RefusalLog,
+)
 from quorumstore.node.shard_host import ShardHost
 from quorumstore.node.snapshot_streams import SnapshotStreams
 from quorumstore.proto import replication_pb2 as pb
@@ -102,7 +107,9 @@ class Leader:
         pb_grpc.add_ReplicationServicer_to_server(follower, self.server)
         self.address = f"127.0.0.1:{listen(self.server, '127.0.0.1', 0)}"
         self.channel = grpc.aio.insecure_channel(self.address, options=PEER_CHANNEL_OPTIONS)
-        self.streams = SnapshotStreams(lambda _: self.channel, self._deliver, RefusalLog())
+        self.streams = SnapshotStreams(
+            lambda _: self.channel, self._deliver, RefusalLog(), REPLICATION_METADATA
+        )
 
     def _deliver(self, shard: ShardKey, message: Message) -> None:
         self.delivered.append(message)

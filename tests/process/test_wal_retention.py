@@ -132,8 +132,17 @@ def test_a_follower_behind_the_window_gets_a_large_snapshot_as_one_stream(
     poll_until(installed, 120, "the follower to install a snapshot", interval_s=0.05)
     cluster.wait_caught_up(follower, 0)
     assert streams == {1}, f"snapshot streams staged on the follower: {sorted(streams)}"
-    (sent,) = re.findall(
-        r"snapshot of shard default/0 to \S+ at offset \d+: sent, .*", cluster.log_text(meta.leader)
+    # The leader logs the stream's end just after the follower installed it.
+    (sent,) = poll_until(
+        lambda: (
+            re.findall(
+                r"snapshot of shard default/0 to \S+ at offset \d+: sent, .*",
+                cluster.log_text(meta.leader),
+            )
+            or None
+        ),
+        10,
+        "the leader to log the snapshot stream's end",
     )
     measure(f"one snapshot stream to the follower: {sent}")
 

@@ -48,6 +48,7 @@ def test_coordinator_refuses_metadata_placed_on_other_nodes(tmp_path: Path) -> N
     config = CoordinatorServerConfig(
         nodes=[*NODES[:2], "127.0.0.1:7999"],
         metadata_url=url,
+        internal_addresses={n: n.replace(":7", ":8") for n in [*NODES[:2], "127.0.0.1:7999"]},
         namespaces={"default": 2},
         replication_factor=3,
     )

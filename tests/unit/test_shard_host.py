@@ -28,6 +28,7 @@ from quorumstore.protocol.messages import (
 from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, Role, make_entry
 from quorumstore.storage.results import EntryResult, Status
+from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.write_batch import WriteBatchBuilder, puts_batch
 
 SHARD = ("default", 0)
@@ -50,6 +51,12 @@ class RecordingTransport:
 def _put(key: str) -> bytes:
     batch = WriteBatchBuilder()
     batch.add_put(key, b"v")
+    return batch.build(1_700_000_000_000)
+
+
+def _sized_put(key: str, value_bytes: int) -> bytes:
+    batch = WriteBatchBuilder()
+    batch.add_put(key, b"v" * value_bytes)
     return batch.build(1_700_000_000_000)
 
 
@@ -305,13 +312,17 @@ def test_a_leader_prepares_its_waiting_entry_once_its_appends_are_written(
 
 @pytest.mark.parametrize("payload_bytes", [24, 2 * 1024 * 1024])  # on the loop, off it
 def test_a_replica_whose_apply_fails_stops_fails_its_writes_and_reports_once(
-    tmp_path: Path, payload_bytes: int
+    tmp_path: Path, payload_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An error escaping the Ready loop (here: a committed entry that does not decode) must
-    stop the replica: before, the leader kept its leadership, its clients' writes waited
-    forever and every 50 ms tick raised the same error again. Now the waiting write fails
-    at once, the node hears of it once, later inputs are ignored, and the replica's files
-    are released so that the node can open it again."""
+    """An error escaping the Ready loop (here: the KV write of a committed entry fails, as
+    on a full disk) stops the replica: the waiting write fails at once, the node hears of
+    it once, later inputs are ignored, and the replica's files are released so that the
+    node can open it again."""
+
+    def failing_write(*_: object) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(RocksKv, "write", failing_write)
     failures: list[ReplicaFailure] = []
     loop_errors: list[dict[str, object]] = []
 
@@ -327,9 +338,7 @@ def test_a_replica_whose_apply_fails_stops_fails_its_writes_and_reports_once(
             host.step(BecomeLeader(SHARD, 1, 1, {}))  # replication factor 1: commits alone
             assert host.replica.role is Role.LEADER
             with pytest.raises(NotLeaderError):
-                await asyncio.wait_for(
-                    host.write(b"not an Arrow write batch".ljust(payload_bytes)), 5
-                )
+                await asyncio.wait_for(host.write(_sized_put("/failing", payload_bytes)), 5)
             host.tick()
             host.step(NewTerm(SHARD, 2))
             await _settle(host)
@@ -337,6 +346,7 @@ def test_a_replica_whose_apply_fails_stops_fails_its_writes_and_reports_once(
                 await host.write(_put("/after"))
             head = host.wal.head
             host.close()
+            monkeypatch.undo()
             reopened = ShardHost(
                 "a", SHARD, tmp_path / "a", RecordingTransport(), io, on_failure=_no_failure
             )

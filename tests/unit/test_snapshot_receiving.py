@@ -31,12 +31,12 @@ async def _stream_across_a_new_term(data_dir: Path) -> tuple[list[int], grpc.Sta
     """Sends the first half of a term-1 snapshot, moves the replica to term 2, then the
     rest; returns the staging directories seen meanwhile and the stream's outcome."""
     node = Node(NodeConfig(data_dir, port=0, wal_sync=False))
-    address = await node.start()
+    await node.start()
     chunks = _chunks()
     assert len(chunks) > 10
     staged: list[int] = []
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with grpc.aio.insecure_channel(node.internal_address) as channel:
             control = pb_grpc.NodeControlStub(channel)
             await control.NewTerm(pb.NewTermRequest(namespace="default", shard=SHARD, term=1))
             moved = asyncio.Event()

@@ -317,14 +317,15 @@ def test_empty_entry_only_advances_the_applied_position(shard: Shard) -> None:
     assert shard.sm.state_digest() == digest
 
 
-def test_unknown_op_is_rejected_before_anything_is_written(shard: Shard) -> None:
+def test_an_unknown_op_applies_as_an_invalid_op_and_writes_nothing(shard: Shard) -> None:
     batch = pa.RecordBatch.from_pylist(
         [{"op": 9, "key": "k"}], SCHEMA.with_metadata({b"timestamp_ms": b"1"})
     )
     entry = make_entry(EMPTY_POSITION, 1, encode_batch(batch))
-    with pytest.raises(ValueError, match=r"unknown ops \[9\]"):
-        shard.sm.apply([entry])
-    assert shard.sm.applied_position == EMPTY_POSITION
+    (result,) = shard.sm.apply([entry])
+    assert [r.status for r in result.results] == [Status.INVALID_OP]
+    assert shard.sm.applied_position == entry.position
+    assert ShardReader(shard.kv).get("k") is None
 
 
 # --- exactly once ----------------------------------------------------------------

@@ -28,6 +28,7 @@ from quorumstore.coordinator.metadata_store import MetadataError
 from quorumstore.node.data_format import DataFormatError
 from quorumstore.node.failures import ReplicaFailure
 from quorumstore.storage.wal_format import WalError
+from quorumstore.wire.auth import SecretError
 
 
 class Command(Protocol):
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         COMMANDS[args.command].run(args)
-    except (CliError, DataFormatError, MetadataError, WalError) as e:
+    except (CliError, DataFormatError, MetadataError, SecretError, WalError) as e:
         print(f"quorumstore: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

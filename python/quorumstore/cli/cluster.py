@@ -13,6 +13,7 @@ from quorumstore.cli.status import fetch_status
 from quorumstore.coordinator.cluster_status import all_replicas_serving, format_status
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.wire.addresses import host_port
+from quorumstore.wire.auth import ClusterSecret
 
 HELP = "a coordinator and N node processes on this machine, each restarted when it stops"
 
@@ -29,6 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=options.DEFAULT_CLIENT_PORT,
         help="nodes listen on base, base+1, ...; the coordinator after them",
     )
+    p.add_argument(
+        "--internal-port",
+        type=options.port,
+        default=0,
+        help="nodes' internal ports (node control, replication) are this, this+1, ... "
+        "(default: right after the coordinator's port)",
+    )
     p.add_argument("--no-fsync", action="store_true")
     options.add_storage_flags(p)
     options.add_failure_timeout_flag(p)
@@ -44,6 +52,12 @@ def run(args: argparse.Namespace) -> None:
             f"--base-port {args.base_port} leaves no room for {args.nodes} nodes and the "
             f"coordinator (ports up to {args.base_port + args.nodes}); use at most {65535 - args.nodes}"
         )
+    internal_base = args.internal_port or args.base_port + args.nodes + 1
+    if internal_base + args.nodes - 1 > 65535:
+        raise CliError(
+            f"the nodes' internal ports would run up to {internal_base + args.nodes - 1}; "
+            "give a lower --internal-port or --base-port"
+        )
     data_dir = Path(args.data_dir).resolve()
     options.check_layout(data_dir, mine="node0", other="node", other_command="standalone")
     try:
@@ -51,15 +65,23 @@ def run(args: argparse.Namespace) -> None:
     except OSError as e:
         raise CliError(f"cannot use {data_dir} as the data directory: {e.strerror}") from None
     nodes = [host_port(args.host, args.base_port + i) for i in range(args.nodes)]
+    internal = [host_port(args.host, internal_base + i) for i in range(args.nodes)]
     admin = host_port(args.host, args.base_port + args.nodes)
     for i in range(args.nodes):
         _check_port_free(args.host, args.base_port + i, f"node {i}")
+        _check_port_free(args.host, internal_base + i, f"node {i}'s internal port")
     _check_port_free(args.host, args.base_port + args.nodes, "the coordinator's status port")
+    # A new secret each run, in a file only this user reads: children find it by path,
+    # since a command line is visible to every local user.
+    secret_file = data_dir / options.CLUSTER_SECRET_FILE
+    ClusterSecret.generate().write_file(secret_file)
+    secret = ["--cluster-secret-file", str(secret_file)]
     fsync = ["--no-fsync"] if args.no_fsync else []
     fsync += options.storage_flags(args)
     commands = [
         (
             ["node", "--host", args.host, "--port", str(args.base_port + i),
+             "--internal-port", str(internal_base + i), *secret,
              "--data-dir", str(data_dir / f"node{i}"), *fsync],
             data_dir / f"node{i}.log",
         )
@@ -67,7 +89,8 @@ def run(args: argparse.Namespace) -> None:
     ]  # fmt: skip
     commands.append(
         (
-            ["coordinator", "--nodes", ",".join(nodes), "--shards", str(args.shards),
+            ["coordinator", "--nodes", ",".join(nodes), "--internal-addresses", ",".join(internal),
+             *secret, "--shards", str(args.shards),
              "--replication-factor", str(args.replication_factor),
              "--metadata", str(data_dir / "coordinator" / "metadata.pb"),
              "--host", args.host, "--admin-port", str(args.base_port + args.nodes),

@@ -9,6 +9,7 @@ from quorumstore import event_loops
 from quorumstore.cli import options
 from quorumstore.cli.errors import CliError
 from quorumstore.cli.serving import wait_for_signal
+from quorumstore.wire.metadata import DEFAULT_NAMESPACE
 
 HELP = "the coordinator of a set of nodes"
 
@@ -18,8 +19,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--nodes",
         type=lambda v: [options.address(a) for a in v.split(",")],
         required=True,
-        help="comma-separated host:port",
+        help="comma-separated host:port: the nodes' client addresses, which name them",
     )
+    p.add_argument(
+        "--internal-addresses",
+        type=lambda v: [options.address(a) for a in v.split(",")],
+        required=True,
+        help="comma-separated host:port: each node's internal address (its --internal-port), "
+        "in the order of --nodes",
+    )
+    options.add_secret_file_flag(p)
     p.add_argument("--shards", type=options.positive, default=1)
     p.add_argument("--replication-factor", type=options.positive, default=3)
     p.add_argument(
@@ -41,17 +50,26 @@ async def _serve(args: argparse.Namespace) -> None:
         raise CliError(
             f"--replication-factor {args.replication_factor} needs at least that many --nodes, got {len(args.nodes)}"
         )
-    coordinator = CoordinatorServer(
-        CoordinatorServerConfig(
+    if len(args.internal_addresses) != len(args.nodes):
+        raise CliError(
+            f"--internal-addresses names {len(args.internal_addresses)} addresses for "
+            f"{len(args.nodes)} --nodes; give one per node, in the same order"
+        )
+    try:
+        config = CoordinatorServerConfig(
             nodes=args.nodes,
             metadata_url=args.metadata,
-            namespaces={"default": args.shards},
+            internal_addresses=dict(zip(args.nodes, args.internal_addresses, strict=True)),
+            cluster_secret=options.cluster_secret(args),
+            namespaces={DEFAULT_NAMESPACE: args.shards},
             replication_factor=args.replication_factor,
             admin_host=args.host,
             admin_port=args.admin_port,
             failure_timeout_ms=args.failure_timeout_ms,
         )
-    )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    coordinator = CoordinatorServer(config)
     await coordinator.start()
     print(f"quorumstore coordinator admin on {coordinator.admin_address}", flush=True)
     try:

@@ -17,6 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=options.port, default=options.DEFAULT_CLIENT_PORT)
+    p.add_argument(
+        "--internal-port",
+        type=options.port,
+        default=options.DEFAULT_INTERNAL_PORT,
+        help="port of node control and replication, which only the cluster's members call "
+        f"(default {options.DEFAULT_INTERNAL_PORT}; the coordinator's --internal-addresses names it)",
+    )
+    options.add_secret_file_flag(p)
     options.add_advertise_host_flag(p)
     p.add_argument("--no-fsync", action="store_true")
     options.add_storage_flags(p)
@@ -29,9 +37,13 @@ def run(args: argparse.Namespace) -> None:
 async def _serve(args: argparse.Namespace) -> None:
     from quorumstore.node.node import Node
 
-    node = Node(options.node_config(args, Path(args.data_dir).resolve()))
+    config = options.node_config(args, Path(args.data_dir).resolve(), options.cluster_secret(args))
+    node = Node(config)
     address = await node.start()
-    print(f"quorumstore node listening on {address}", flush=True)
+    print(
+        f"quorumstore node listening on {address} (internal port at {node.internal_address})",
+        flush=True,
+    )
     try:
         await serve_until_signal(node)
     finally:

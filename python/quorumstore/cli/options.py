@@ -18,8 +18,13 @@ from quorumstore.coordinator.failure_timeout import (
 if TYPE_CHECKING:
     from quorumstore.node.node import NodeConfig
     from quorumstore.node.wal_retention import WalRetention
+    from quorumstore.wire.auth import ClusterSecret
 
 DEFAULT_CLIENT_PORT = 6648
+#: A `node`'s internal port (node control, replication), as Oxia's.
+DEFAULT_INTERNAL_PORT = 6649
+#: Where `cluster` keeps the secret it hands to its processes, in its data directory.
+CLUSTER_SECRET_FILE = "cluster-secret"
 
 
 # ------------------------------------------------------------------ value types
@@ -97,7 +102,8 @@ def add_advertise_host_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_storage_flags(p: argparse.ArgumentParser) -> None:
-    """WAL retention and KV memory, of the commands that run nodes."""
+    """WAL retention, KV memory and the relay timeout, of the commands that run nodes."""
+    from quorumstore.node.oxia.relay import DEFAULT_RELAY_TIMEOUT_MS
     from quorumstore.node.wal_retention import WalRetention
     from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES
 
@@ -133,6 +139,14 @@ def add_storage_flags(p: argparse.ArgumentParser) -> None:
         help="bytes of block cache and memtables that all of a node's shard stores share "
         f"(default {DEFAULT_KV_MEMORY_BYTES})",
     )
+    p.add_argument(
+        "--relay-timeout-ms",
+        type=positive,
+        default=DEFAULT_RELAY_TIMEOUT_MS,
+        help="a call a node relays to a shard's leader for a gateway-mode client (the "
+        "official Python client) is retried at a new leader, or fails, once the leader has "
+        f"not answered for this long (default {DEFAULT_RELAY_TIMEOUT_MS})",
+    )
 
 
 def add_failure_timeout_flag(p: argparse.ArgumentParser) -> None:
@@ -147,11 +161,36 @@ def add_failure_timeout_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_secret_file_flag(p: argparse.ArgumentParser) -> None:
+    """--cluster-secret-file, of `node` and `coordinator`."""
+    p.add_argument(
+        "--cluster-secret-file",
+        type=Path,
+        help="file holding the cluster's secret (64 hex digits, readable by its owner only), "
+        "which every internal call must carry; required unless every address is loopback. "
+        "Make one with: python -c 'import secrets; print(secrets.token_hex(32))' > FILE; "
+        "chmod 600 FILE",
+    )
+
+
 # ------------------------------------------------------------------ what the flags configure
 
 
+def cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
+    """The secret of --cluster-secret-file, if given."""
+    from quorumstore.wire.auth import ClusterSecret, SecretError
+
+    if args.cluster_secret_file is None:
+        return None
+    try:
+        return ClusterSecret.from_file(args.cluster_secret_file.resolve())
+    except SecretError as e:
+        raise CliError(str(e)) from None
+
+
 def storage_flags(args: argparse.Namespace) -> list[str]:
-    """The storage flags of `cluster` (WAL retention, KV memory), passed on to its nodes."""
+    """The storage flags of `cluster` (WAL retention, KV memory, relay timeout), passed on
+    to its nodes."""
     return [
         "--wal-keep-entries",
         str(args.wal_keep_entries),
@@ -163,10 +202,14 @@ def storage_flags(args: argparse.Namespace) -> list[str]:
         str(args.wal_segment_bytes),
         "--kv-memory",
         str(args.kv_memory),
+        "--relay-timeout-ms",
+        str(args.relay_timeout_ms),
     ]
 
 
-def node_config(args: argparse.Namespace, data_dir: Path) -> NodeConfig:
+def node_config(
+    args: argparse.Namespace, data_dir: Path, secret: ClusterSecret | None
+) -> NodeConfig:
     """The node of `standalone` or `node`, from their shared flags."""
     from quorumstore.node.node import NodeConfig
 
@@ -174,10 +217,13 @@ def node_config(args: argparse.Namespace, data_dir: Path) -> NodeConfig:
         data_dir,
         host=args.host,
         port=args.port,
+        internal_port=args.internal_port,
+        cluster_secret=secret,
         advertise_host=_advertise_host(args),
         wal_sync=not args.no_fsync,
         wal_retention=_retention(args),
         kv_memory_bytes=args.kv_memory,
+        relay_timeout_ms=args.relay_timeout_ms,
     )
 
 

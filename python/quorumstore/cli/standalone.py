@@ -15,6 +15,7 @@ from quorumstore.cli import options
 from quorumstore.cli.errors import CliError
 from quorumstore.cli.serving import serve_until_signal
 from quorumstore.coordinator.metadata_store import MetadataStore
+from quorumstore.wire.metadata import DEFAULT_NAMESPACE
 
 if TYPE_CHECKING:
     from quorumstore.coordinator.server import CoordinatorServer
@@ -40,6 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="coordinator status port (default: any free port)",
     )
+    p.add_argument(
+        "--internal-port",
+        type=options.port,
+        default=0,
+        help="port of node control and replication, which only this process calls with a "
+        "secret it makes at start (default: any free port)",
+    )
     options.add_advertise_host_flag(p)
     p.add_argument("--data-dir", default="quorumstore-data", help="default: ./quorumstore-data")
     p.add_argument(
@@ -57,10 +65,13 @@ def run(args: argparse.Namespace) -> None:
 async def _serve(args: argparse.Namespace) -> None:
     from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
     from quorumstore.node.node import Node
+    from quorumstore.wire.auth import ClusterSecret
 
     data_dir = Path(args.data_dir).resolve()
     options.check_layout(data_dir, mine="node", other="node0", other_command="cluster")
-    node = Node(options.node_config(args, data_dir / "node"))
+    # The secret never leaves this process: the node and its coordinator share it in memory.
+    secret = ClusterSecret.generate()
+    node = Node(options.node_config(args, data_dir / "node", secret))
     address = await node.start()
     coordinator: CoordinatorServer | None = None
     try:
@@ -72,7 +83,9 @@ async def _serve(args: argparse.Namespace) -> None:
             CoordinatorServerConfig(
                 nodes=[address],
                 metadata_url=metadata_url,
-                namespaces={"default": args.shards},
+                internal_addresses={address: node.internal_address},
+                cluster_secret=secret,
+                namespaces={DEFAULT_NAMESPACE: args.shards},
                 replication_factor=1,
                 admin_host=args.host,
                 admin_port=args.admin_port,
@@ -81,6 +94,10 @@ async def _serve(args: argparse.Namespace) -> None:
         await coordinator.start()
         shards = await _wait_until_online(coordinator, 30)
         print(f"quorumstore standalone listening on {address}", flush=True)
+        print(
+            f"  internal port (node control, replication; this process only): {node.internal_address}",
+            flush=True,
+        )
         print(
             f"  shards: {shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}",
             flush=True,

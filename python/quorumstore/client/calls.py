@@ -5,7 +5,11 @@ reach that shard's current leader. `ShardCaller` looks the leader up in the
 directory's latest map for each attempt; after a transient failure (see
 `retry.py`) it backs off -- waking early when a new map arrives or following the
 not-leader error's hint at once -- and tries again until `request_timeout_s` has
-passed without success.
+passed without success. An attempt still waiting when the map names another leader
+for its shard is given up and sent there at once: a paused or cut-off leader never
+answers, and the client's channels notice a dead connection only by their keepalive
+pings (about 2 s, `wire/channels.py`). Retrying is safe as for any transient
+failure: writes carry exactly-once serials (`writes.py`), reads change nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import grpc
 from quorumstore.client.discovery import Channels, Directory
 from quorumstore.client.errors import ServiceUnavailable
 from quorumstore.client.retry import Backoff, Transient, classify
+from quorumstore.event_loops import abandon
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
 
 T = TypeVar("T")
@@ -64,10 +69,18 @@ class ShardCaller:
                 reason = f"shard {shard} has no leader (an election is running)"
             else:
                 timeout = min(ATTEMPT_TIMEOUT_S, max(deadline - loop.time(), 0.001))
+                answer = asyncio.ensure_future(attempt(leader, timeout))
+                moved = asyncio.ensure_future(self._directory.leader_moved(shard, leader))
                 try:
-                    return await attempt(leader, timeout)
+                    await asyncio.wait([answer, moved], return_when=asyncio.FIRST_COMPLETED)
+                    if answer.done():
+                        return answer.result()
+                    reason, hinted = f"{leader}: shard {shard}'s leader changed", True
                 except grpc.aio.AioRpcError as e:
                     reason, hinted = self._transient(e, shard, leader)
+                finally:
+                    abandon(moved)
+                    abandon(answer)
             await self._pause(what, shard, reason, deadline, timeout_s, backoff, hinted)
 
     async def stream(

@@ -123,6 +123,11 @@ class Directory:
         except TimeoutError:
             pass
 
+    async def leader_moved(self, shard: int, leader: str) -> None:
+        """Returns once the map names another leader than `leader` for `shard` (or none)."""
+        while self.map.leader(shard) == leader:
+            await self._changed.wait()
+
     def hint(self, shard: int, leader: str) -> None:
         """Routes `shard` to `leader` now, until the next map says otherwise."""
         if self._map is not None and self._map.leader(shard) != leader:

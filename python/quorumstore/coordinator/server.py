@@ -4,6 +4,11 @@ It keeps one Health stream per node (a broken stream marks the node failed at on
 so a dead leader is replaced within a few ticks), sends NodeControl calls and feeds
 their answers back to the engine, persists metadata before any message that depends
 on it leaves, and pushes the shard assignment table to every node when it changes.
+
+Nodes are named by their client addresses (the metadata and the table clients read use
+those); the coordinator reaches each at its internal address, with the cluster secret
+on every call, and hands the cluster's internal addresses to every node on its health
+stream, so that leaders can reach their followers.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -45,7 +51,13 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.wire import replication as wire
 from quorumstore.wire.addresses import host_port
+from quorumstore.wire.auth import (
+    COORDINATOR_METADATA_KEY,
+    ClusterSecret,
+    require_secret_off_loopback,
+)
 from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS, SERVER_OPTIONS, listen
+from quorumstore.wire.metadata import DEFAULT_NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +70,12 @@ SAVE_RETRY_MAX_S = 5.0
 class CoordinatorServerConfig:
     nodes: list[str]
     metadata_url: str
-    namespaces: dict[str, int] = field(default_factory=lambda: {"default": 1})
+    #: Node name (client address) -> its internal address, where the coordinator and
+    #: peers reach its NodeControl and Replication services; one for every node.
+    internal_addresses: dict[str, str]
+    #: Carried by every call to a node; None only when every address is loopback.
+    cluster_secret: ClusterSecret | None = None
+    namespaces: dict[str, int] = field(default_factory=lambda: {DEFAULT_NAMESPACE: 1})
     replication_factor: int = 3
     tick_ms: int = DEFAULT_TICK_MS
     #: How long a node may send no health report before it is taken for failed (a leader
@@ -72,6 +89,24 @@ class CoordinatorServerConfig:
 
     def __post_init__(self) -> None:
         check_failure_timeout(self.failure_timeout_ms, self.tick_ms)
+        repeated = sorted({node for node in self.nodes if self.nodes.count(node) > 1})
+        if repeated:
+            raise ValueError(
+                f"the nodes (--nodes) list {', '.join(repeated)} more than once; each replica "
+                "of a shard must be on a node of its own, so give each node's address once"
+            )
+        missing = [n for n in self.nodes if n not in self.internal_addresses]
+        if missing:
+            raise ValueError(f"no internal address given for {', '.join(missing)}")
+        internal = [self.internal_addresses[n] for n in self.nodes]
+        clash = sorted(
+            {a for a in internal if internal.count(a) > 1} | set(internal) & set(self.nodes)
+        )
+        if clash:
+            raise ValueError(
+                "internal addresses must differ from each other and from the client addresses; "
+                f"{', '.join(clash)} appears more than once"
+            )
 
     @property
     def node_failure_ticks(self) -> int:
@@ -81,11 +116,14 @@ class CoordinatorServerConfig:
 class _NodeLink:
     """The coordinator's connection to one node: a channel and its Health stream."""
 
-    def __init__(self, server: CoordinatorServer, address: str):
+    def __init__(self, server: CoordinatorServer, address: str, internal_address: str):
         self.server = server
+        #: The node's name, its client address.
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
+        self.internal_address = internal_address
+        self.channel = grpc.aio.insecure_channel(internal_address, options=PEER_CHANNEL_OPTIONS)
         self.stub = pb_grpc.NodeControlStub(self.channel)
+        self.metadata = server.call_metadata
         self.pings: asyncio.Queue[int] = asyncio.Queue()
         self.up = False
         self._sequence = itertools.count(1)
@@ -96,14 +134,20 @@ class _NodeLink:
             self.pings.put_nowait(next(self._sequence))
 
     async def _pings(self) -> AsyncIterator[pb.HealthPing]:
-        yield pb.HealthPing(ping_sequence=0)
+        yield pb.HealthPing(
+            ping_sequence=0, internal_addresses=self.server.config.internal_addresses
+        )
         while True:
             yield pb.HealthPing(ping_sequence=await self.pings.get())
 
     async def _health_loop(self) -> None:
         while True:
             try:
-                async for report in self.stub.Health(self._pings()):
+                call = self.stub.Health(self._pings(), metadata=self.metadata)
+                async for report in call:
+                    if not self._is_mine(report):
+                        call.cancel()
+                        break
                     if not self.up:
                         self.up = True
                         self.server.node_connected(self.address)
@@ -115,6 +159,11 @@ class _NodeLink:
                     self.server.remember_report(self.address, report)
             except grpc.aio.AioRpcError as e:
                 log.debug("health stream to %s ended: %s", self.address, e.code())
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED and not self.up:
+                    self.server.warn_once(
+                        f"node {self.address} (internal address {self.internal_address}) refuses "
+                        "this coordinator's cluster secret; give both the same --cluster-secret-file",
+                    )
             if self.up:
                 log.warning("lost node %s", self.address)
             self.up = False
@@ -122,6 +171,17 @@ class _NodeLink:
                 self.pings.get_nowait()
             self.server.step(NodeUnreachable(self.address))
             await asyncio.sleep(0.2)
+
+    def _is_mine(self, report: pb.HealthReport) -> bool:
+        """Whether the node at the internal address is the node configured there."""
+        if report.node_name == self.address and report.internal_address == self.internal_address:
+            return True
+        self.server.warn_once(
+            f"the node at {self.internal_address} says it is {report.node_name or '(unnamed)'} with "
+            f"internal address {report.internal_address or '(none)'}, not {self.address} at "
+            f"{self.internal_address} as configured; it is not used until the configuration matches",
+        )
+        return False
 
     async def close(self) -> None:
         self.task.cancel()
@@ -140,8 +200,22 @@ class CoordinatorServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._admin: grpc.aio.Server | None = None
         self.admin_address: str | None = None
+        #: Every call to a node names this coordinator, whose assignment versions a node
+        #: compares only with its own, and carries the cluster secret.
+        self.call_metadata = ((COORDINATOR_METADATA_KEY, uuid.uuid4().hex),) + (
+            config.cluster_secret.metadata if config.cluster_secret is not None else ()
+        )
+        self._warned: set[str] = set()
 
     async def start(self) -> None:
+        require_secret_off_loopback(
+            [
+                self.config.admin_host,
+                *(a.rpartition(":")[0] for a in self.config.internal_addresses.values()),
+            ],
+            self.config.cluster_secret,
+            "the coordinator",
+        )
         loop = asyncio.get_running_loop()
         metadata = await loop.run_in_executor(None, self.store.load)
         if metadata is None:
@@ -174,7 +248,7 @@ class CoordinatorServer:
         )
         self.engine = Coordinator(self.config.nodes, metadata, config)
         for address in self.config.nodes:
-            self._links[address] = _NodeLink(self, address)
+            self._links[address] = _NodeLink(self, address, self.config.internal_addresses[address])
         self._spawn(self._tick_loop())
         self._spawn(self._process_loop())
         if self.config.admin_port is not None:
@@ -203,6 +277,12 @@ class CoordinatorServer:
         assert self.engine is not None
         self.engine.step(msg)
         self._wakeup.set()
+
+    def warn_once(self, message: str) -> None:
+        """Logs a node's misconfiguration once, not on every reconnect attempt."""
+        if message not in self._warned:
+            self._warned.add(message)
+            log.error("%s", message)
 
     def remember_report(self, node: str, report: pb.HealthReport) -> None:
         self._reports[node] = report
@@ -293,7 +373,7 @@ class CoordinatorServer:
 
     async def _call(self, link: _NodeLink, method: Any, request: Any, convert: Any) -> None:
         try:
-            response = await method(request, timeout=10)
+            response = await method(request, timeout=10, metadata=self.call_metadata)
         except grpc.aio.AioRpcError as e:
             log.debug(
                 "%s to %s failed: %s %s",
@@ -310,7 +390,7 @@ class CoordinatorServer:
         for node in nodes:
             link = self._links[node]
             try:
-                await link.stub.PushShardAssignments(update, timeout=5)
+                await link.stub.PushShardAssignments(update, timeout=5, metadata=self.call_metadata)
             except grpc.aio.AioRpcError as e:
                 log.debug("pushing assignments to %s failed: %s", node, e.code())
 

@@ -1,13 +1,18 @@
-"""The `NodeControl` service: how the coordinator drives a node's shard replicas."""
+"""The `NodeControl` service: how the coordinator drives a node's shard replicas.
+
+It is served on the node's internal port, behind the cluster secret; each message is
+checked (`control_checks.py`) before it reaches a replica or creates a directory.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from typing import Protocol, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 import grpc
 
+from quorumstore.node import control_checks as checks
 from quorumstore.node.aborts import abort
 from quorumstore.node.shard_host import ShardHost
 from quorumstore.node.transport import NodeTransport
@@ -15,6 +20,7 @@ from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import BecomeLeaderResponse, Message, NewTermResponse, ShardKey
 from quorumstore.wire import replication as wire
+from quorumstore.wire.auth import COORDINATOR_METADATA_KEY
 
 #: How long a NodeControl call waits for the engine's durable answer.
 _REPLY_TIMEOUT_S = 5.0
@@ -40,7 +46,7 @@ class ControlledNode(Protocol):
 
     def health_report(self, ping_sequence: int) -> pb.HealthReport: ...
 
-    def set_assignments(self, update: pb.ShardAssignmentsUpdate) -> None: ...
+    def set_assignments(self, update: pb.ShardAssignmentsUpdate, coordinator: str) -> None: ...
 
 
 async def await_reply(
@@ -58,6 +64,12 @@ async def await_reply(
         )
 
 
+async def refuse_invalid(
+    context: grpc.aio.ServicerContext, error: checks.InvalidControl
+) -> NoReturn:
+    await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"refused: {error}")
+
+
 class NodeControl(pb_grpc.NodeControlServicer):
     """Serves the coordinator's calls: terms, leadership, followers, status, health and
     the routing table."""
@@ -68,6 +80,10 @@ class NodeControl(pb_grpc.NodeControlServicer):
     async def NewTerm(
         self, request: pb.NewTermRequest, context: grpc.aio.ServicerContext
     ) -> pb.NewTermResponse:
+        try:
+            checks.check_new_term(request)
+        except checks.InvalidControl as e:
+            await refuse_invalid(context, e)
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard) or self.node.open_host(shard)
         reply = self.node.transport.expect(NewTermResponse, shard)
@@ -78,6 +94,10 @@ class NodeControl(pb_grpc.NodeControlServicer):
     async def BecomeLeader(
         self, request: pb.BecomeLeaderRequest, context: grpc.aio.ServicerContext
     ) -> pb.BecomeLeaderResponse:
+        try:
+            checks.check_become_leader(request, self.node.name)
+        except checks.InvalidControl as e:
+            await refuse_invalid(context, e)
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard)
         if host is None:
@@ -94,6 +114,10 @@ class NodeControl(pb_grpc.NodeControlServicer):
     async def AddFollower(
         self, request: pb.AddFollowerRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddFollowerResponse:
+        try:
+            checks.check_add_follower(request, self.node.name)
+        except checks.InvalidControl as e:
+            await refuse_invalid(context, e)
         self.node.deliver((request.namespace, request.shard), wire.add_follower_from_pb(request))
         return pb.AddFollowerResponse()
 
@@ -120,10 +144,21 @@ class NodeControl(pb_grpc.NodeControlServicer):
         self, request_iterator: AsyncIterator[pb.HealthPing], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.HealthReport]:
         async for ping in request_iterator:
+            if ping.internal_addresses:
+                try:
+                    checks.check_internal_addresses(ping.internal_addresses)
+                except checks.InvalidControl as e:
+                    await refuse_invalid(context, e)
+                self.node.transport.set_internal_addresses(dict(ping.internal_addresses))
             yield self.node.health_report(ping.ping_sequence)
 
     async def PushShardAssignments(
         self, request: pb.ShardAssignmentsUpdate, context: grpc.aio.ServicerContext
     ) -> pb.Empty:
-        self.node.set_assignments(request)
+        try:
+            checks.check_assignments(request)
+        except checks.InvalidControl as e:
+            await refuse_invalid(context, e)
+        coordinator = dict(context.invocation_metadata() or ()).get(COORDINATOR_METADATA_KEY, "")
+        self.node.set_assignments(request, str(coordinator))
         return pb.Empty()

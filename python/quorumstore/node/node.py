@@ -1,10 +1,14 @@
 """A storage node: a gRPC server hosting shard replicas.
 
-It serves four services on one port: `NodeControl` (from the coordinator,
-`control.py`), `Replication` (between replicas, `replication_service.py`), Oxia's
-`OxiaClient` (for clients, `oxia/`) and the Arrow data service (`data/`). It owns the
-clock (a tick task), the disk (one directory per shard) and the network; the protocol
-itself lives in the engine each `ShardHost` drives.
+It serves on two ports. The client port carries Oxia's `OxiaClient` (`oxia/`) and
+the Arrow data service (`data/`); the internal port carries `NodeControl` (from the
+coordinator, `control.py`) and `Replication` (between replicas,
+`replication_service.py`), and admits only calls that carry the cluster secret
+(`wire/auth.py`, docs/security.md). It owns the clock (a tick task), the disk (one
+directory per shard) and the network; the protocol itself lives in the engine each
+`ShardHost` drives. The node's name is its client address: clients and the
+coordinator's metadata know it by that, and peers find its internal address through
+the coordinator (`NodeTransport.set_internal_addresses`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from quorumstore.node import data_format
 from quorumstore.node.control import NodeControl
 from quorumstore.node.data.servicer import QuorumstoreDataServicer
 from quorumstore.node.failures import ReplicaFailure
+from quorumstore.node.oxia.relay import DEFAULT_RELAY_TIMEOUT_MS
 from quorumstore.node.oxia.servicer import OxiaClientServicer
 from quorumstore.node.replication_service import Replication
 from quorumstore.node.shard_host import ShardHost
@@ -37,6 +42,7 @@ from quorumstore.protocol.replica import ReplicaConfig
 from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES, KvMemory
 from quorumstore.wire import replication as wire
 from quorumstore.wire.addresses import host_port
+from quorumstore.wire.auth import ClusterSecret, SecretCheck, require_secret_off_loopback
 from quorumstore.wire.channels import SERVER_OPTIONS, listen
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,11 @@ class NodeConfig:
     data_dir: Path
     host: str = "127.0.0.1"
     port: int = 0
+    #: Port of node control and replication (0: any free one), on the same host.
+    internal_port: int = 0
+    #: Admits calls to the internal port; None only on a loopback host (`start` refuses
+    #: any other).
+    cluster_secret: ClusterSecret | None = None
     #: Address other nodes and clients use; defaults to host:bound port.
     advertise_host: str | None = None
     wal_sync: bool = True
@@ -59,33 +70,46 @@ class NodeConfig:
     #: Memory that all the node's RocksDB stores share: block cache and memtables (see
     #: `KvMemory`).
     kv_memory_bytes: int = DEFAULT_KV_MEMORY_BYTES
+    #: How long a call relayed for a gateway-mode client waits for the shard's leader
+    #: before it is retried at a new one or fails (see `node/oxia/relay.py`).
+    relay_timeout_ms: int = DEFAULT_RELAY_TIMEOUT_MS
 
 
 class Node:
     def __init__(self, config: NodeConfig):
         self.config = config
         self.name = ""
+        #: Where the coordinator and peers reach this node's internal port.
+        self.internal_address = ""
         self.hosts: dict[ShardKey, ShardHost] = {}
-        self.transport = NodeTransport(self)
+        self.transport = NodeTransport(self, config.cluster_secret)
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qs-io")
         #: Bulk applies (see `ShardHost`), apart from the fsyncs so as not to delay them.
         self._apply = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qs-apply")
         self._syncs = SyncRunner(self._io)
         self.kv_memory = KvMemory(config.kv_memory_bytes)
         self._server: grpc.aio.Server | None = None
+        self._internal: grpc.aio.Server | None = None
         self._client_api: OxiaClientServicer | None = None
         self._data_api: QuorumstoreDataServicer | None = None
         self._tick_task: asyncio.Task[None] | None = None
         #: Set to the first ReplicaFailure of a shard hosted here (see `wait`).
         self._failure: asyncio.Future[None] | None = None
         self._assignments = pb.ShardAssignmentsUpdate(version=-1)
+        #: The coordinator whose update `_assignments` is: versions are its own counter.
+        self._assignments_from = ""
         self._assignments_event = asyncio.Event()
         self._report_sequence = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> str:
-        """Binds the port, opens the shards found on disk and starts serving; returns the address."""
+        """Binds the ports, opens the shards found on disk and starts serving; returns the
+        node's name, its client address."""
+        config = self.config
+        require_secret_off_loopback(
+            [config.host, config.advertise_host or config.host], config.cluster_secret, "a node"
+        )
         try:
             self.config.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -94,29 +118,47 @@ class Node:
             ) from None
         data_format.claim(self.config.data_dir)
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
-        pb_grpc.add_NodeControlServicer_to_server(NodeControl(self), self._server)
-        pb_grpc.add_ReplicationServicer_to_server(Replication(self), self._server)
-        self._client_api = OxiaClientServicer(self)
+        checks = (
+            []
+            if config.cluster_secret is None
+            else [SecretCheck(config.cluster_secret, lambda: self.name)]
+        )
+        self._internal = grpc.aio.server(options=SERVER_OPTIONS, interceptors=checks)
+        pb_grpc.add_NodeControlServicer_to_server(NodeControl(self), self._internal)
+        pb_grpc.add_ReplicationServicer_to_server(Replication(self), self._internal)
+        self._client_api = OxiaClientServicer(
+            self, relay_timeout_s=self.config.relay_timeout_ms / 1000
+        )
         oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(self._client_api, self._server)
         self._data_api = QuorumstoreDataServicer(self, self.config.data_dir / "data-staging")
         quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(
             self._data_api, self._server
         )
-        port = listen(self._server, self.config.host, self.config.port)
-        self.name = host_port(self.config.advertise_host or self.config.host, port)
+        port = listen(self._server, config.host, config.port)
+        internal_port = listen(self._internal, config.host, config.internal_port)
+        self.name = host_port(config.advertise_host or config.host, port)
+        self.internal_address = host_port(config.advertise_host or config.host, internal_port)
+        self.transport.set_internal_addresses({self.name: self.internal_address})
         _import_pyarrow_pandas_shim()
         self._failure = asyncio.get_running_loop().create_future()
         self._open_existing_shards()
         await self._server.start()
+        await self._internal.start()
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
-        log.info("node %s serving (data in %s)", self.name, self.config.data_dir)
+        log.info(
+            "node %s serving (internal port at %s, data in %s)",
+            self.name,
+            self.internal_address,
+            self.config.data_dir,
+        )
         return self.name
 
     async def stop(self) -> None:
         if self._tick_task is not None:
             self._tick_task.cancel()
-        if self._server is not None:
-            await self._server.stop(grace=0.5)
+        for server in (self._server, self._internal):
+            if server is not None:
+                await server.stop(grace=0.5)
         for service in (self._client_api, self._data_api):
             if service is not None:
                 await service.close()
@@ -132,13 +174,18 @@ class Node:
     async def wait(self) -> None:
         """Returns when the server stops; raises ReplicaFailure once a shard replica here
         failed, after which the node must be stopped (and may be started again)."""
-        assert self._server is not None and self._failure is not None
+        assert self._server is not None and self._internal is not None
+        assert self._failure is not None
         # Shielded: cancelling gRPC's own wait would cancel the future its shutdown awaits.
-        server = asyncio.shield(self._server.wait_for_termination())
+        servers = [
+            asyncio.shield(server.wait_for_termination())
+            for server in (self._server, self._internal)
+        ]
         try:
-            await asyncio.wait([server, self._failure], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*servers, self._failure], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            server.cancel()
+            for server in servers:
+                server.cancel()
         if self._failure.done():
             self._failure.result()
 
@@ -213,22 +260,30 @@ class Node:
         return self._assignments
 
     async def assignments_changed(self, version: int) -> None:
-        while self._assignments.version <= version:
+        """Returns once the table held is another than the one of `version` (a new
+        coordinator's may have a lower version)."""
+        while self._assignments.version == version:
             self._assignments_event.clear()
             await self._assignments_event.wait()
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)
 
-    def set_assignments(self, update: pb.ShardAssignmentsUpdate) -> None:
-        if update.version > self._assignments.version:
+    def set_assignments(self, update: pb.ShardAssignmentsUpdate, coordinator: str) -> None:
+        """Takes `update` if it is newer than the table held, or from another coordinator
+        than it (a coordinator numbers its own versions: one started on new metadata
+        counts from the start again). Every push comes through the authenticated
+        internal port, so `coordinator` is a member's word."""
+        if coordinator != self._assignments_from or update.version > self._assignments.version:
             self._assignments = update
+            self._assignments_from = coordinator
             self._assignments_event.set()
 
     def health_report(self, ping_sequence: int) -> pb.HealthReport:
         self._report_sequence += 1
         return pb.HealthReport(
             node_name=self.name,
+            internal_address=self.internal_address,
             sequence=self._report_sequence,
             ping_sequence=ping_sequence,
             shards=[

@@ -1,4 +1,7 @@
-"""The `Replication` service: what a shard's leader sends this node's followers."""
+"""The `Replication` service: what a shard's leader sends this node's followers.
+
+It is served on the node's internal port, behind the cluster secret (`wire/auth.py`).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from quorumstore.node.transport import NodeTransport
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import Message, ShardKey, TruncateResponse
+from quorumstore.protocol.types import LogPosition
 from quorumstore.storage.rocks_kv import KvMemory, RocksKv
 from quorumstore.storage.snapshot import install_snapshot
 from quorumstore.wire import replication as wire
@@ -61,10 +65,10 @@ class SnapshotStager:
         self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=_SNAPSHOT_CHUNKS_BUFFERED)
         self._staged = asyncio.get_running_loop().run_in_executor(None, self._stage)
 
-    def _stage(self) -> None:
+    def _stage(self) -> LogPosition:
         kv = RocksKv(self.directory, self._memory)
         try:
-            install_snapshot(kv, iter(self._chunks.get, None))
+            return install_snapshot(kv, iter(self._chunks.get, None))
         finally:
             kv.close()
 
@@ -83,17 +87,18 @@ class SnapshotStager:
             except queue.Full:
                 await asyncio.sleep(0.005)
 
-    async def finish(self) -> None:
-        """Ends the stream; raises what made staging fail."""
+    async def finish(self) -> LogPosition:
+        """Ends the stream; returns the position the staged chunks name, or raises what
+        made staging fail (chunks that are no well-formed snapshot among them)."""
         await self.feed(None)
-        await self._staged
+        return await self._staged
 
     async def abandon(self) -> None:
         """The stream broke: stops the stager and deletes what it staged once it stopped."""
         await self.feed(None)
         self._staged.add_done_callback(self._discard)
 
-    def _discard(self, staged: asyncio.Future[None]) -> None:
+    def _discard(self, staged: asyncio.Future[LogPosition]) -> None:
         if not staged.cancelled() and staged.exception() is not None:
             log.info("staging of a broken snapshot stream stopped: %s", staged.exception())
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -182,6 +187,12 @@ class Replication(pb_grpc.ReplicationServicer):
                     first = chunk
                     shard = (chunk.namespace, chunk.shard)
                     host = self.node.hosts.get(shard)
+                    if not chunk.HasField("position"):
+                        await abort(
+                            context,
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            f"the first chunk of a snapshot for {shard} names no log position",
+                        )
                     if host is None or not host.can_install_snapshot(chunk.term, chunk.leader_name):
                         await abort(
                             context,
@@ -211,13 +222,21 @@ class Replication(pb_grpc.ReplicationServicer):
             raise
         if first is None or host is None or stager is None:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "empty snapshot stream")
+        position = wire.position_from_pb(first.position)
         try:
-            await stager.finish()
+            staged = await stager.finish()
         except Exception as e:  # noqa: BLE001 - any staging failure is the sender's DATA_LOSS
             shutil.rmtree(stager.directory, ignore_errors=True)
             await abort(context, grpc.StatusCode.DATA_LOSS, f"snapshot could not be staged: {e}")
+        if staged != position:
+            shutil.rmtree(stager.directory, ignore_errors=True)
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"refused: the snapshot's chunks hold the KV at {staged}, but the stream "
+                f"names {position}; the replica is unchanged",
+            )
         staging = stager.directory
-        position = wire.position_from_pb(first.position)
         head = host.install_staged_snapshot(first.term, first.leader_name, position, staging)
         log.log(
             finished_snapshot_level(received),

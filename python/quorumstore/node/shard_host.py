@@ -138,6 +138,8 @@ class ShardHost:
         #: Writes proposed while leading in `_pending_term`, by offset.
         self._pending: dict[int, asyncio.Future[EntryResult]] = {}
         self._pending_term = -1
+        #: The read barrier whose entry is not proposed yet (see `read_barrier`).
+        self._next_barrier: asyncio.Task[EntryResult] | None = None
         self._after_sync: list[Outbound] = []
         self._want_sync = False
         self._sync_in_flight = False
@@ -220,6 +222,26 @@ class ShardHost:
         self._pending_term = self.replica.term
         self._schedule_processing()
         return await future
+
+    async def read_barrier(self) -> None:
+        """Returns once a no-op entry proposed after the call has committed in this
+        replica's term and is applied: a read of the KV made then is linearizable (see
+        "Reads" in docs/protocol.md). Raises NotLeaderError when this replica does not
+        lead, or stops leading before the entry commits.
+
+        Every call made before the entry is proposed (on the next turn of the loop)
+        shares it, so concurrent reads cost one replication round together.
+        """
+        if self._next_barrier is None:
+            self._next_barrier = asyncio.ensure_future(self._propose_barrier())
+            # Awaited only through shields: its error is not left unretrieved when every
+            # read waiting for it is cancelled.
+            self._next_barrier.add_done_callback(lambda task: task.cancelled() or task.exception())
+        await asyncio.shield(self._next_barrier)
+
+    async def _propose_barrier(self) -> EntryResult:
+        self._next_barrier = None  # a read from now on needs an entry proposed after it
+        return await self.write(_NOOP)
 
     def is_leader(self) -> bool:
         return self.replica.role is Role.LEADER

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import grpc
 
-from quorumstore.node.data_format import REPLICATION_METADATA, RefusalLog
+from quorumstore.node.data_format import RefusalLog
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import Ack, AckStatus, Message, SendSnapshot, ShardKey
@@ -101,10 +101,14 @@ class SnapshotStreams:
         channel: Callable[[str], grpc.aio.Channel],
         deliver: Callable[[ShardKey, Message], None],
         refusals: RefusalLog,
+        metadata: tuple[tuple[str, str], ...],
     ) -> None:
+        """`channel` gives a follower's internal channel (LookupError: not known yet);
+        `metadata` goes with every stream (the data format and the cluster secret)."""
         self._channel = channel
         self._deliver = deliver
         self._refusals = refusals
+        self._metadata = metadata
         self._streams: dict[tuple[ShardKey, str], _Stream] = {}
 
     def request(self, host: SnapshotSource, request: SendSnapshot) -> None:
@@ -134,6 +138,11 @@ class SnapshotStreams:
         loop = asyncio.get_running_loop()
         shard, follower = host.shard, request.follower
         name = f"snapshot of shard {shard[0]}/{shard[1]} to {follower}"
+        try:
+            stub = pb_grpc.ReplicationStub(self._channel(follower))
+        except LookupError as e:
+            log.debug("%s: %s", name, e)
+            return
         view = host.kv.snapshot()
         # The view's own position: an apply on a worker thread may be writing meanwhile.
         position = ShardReader(view).applied_position
@@ -164,9 +173,7 @@ class SnapshotStreams:
                 first = False
 
         log.debug("%s: sending the KV at offset %d", name, position.offset)
-        call = pb_grpc.ReplicationStub(self._channel(follower)).SendSnapshot(
-            chunks(), metadata=REPLICATION_METADATA
-        )
+        call = stub.SendSnapshot(chunks(), metadata=self._metadata)
         try:
             response = await self._watch(call, progress, name)
         except grpc.aio.AioRpcError as e:

@@ -8,6 +8,10 @@
 - Replies to the coordinator (NewTermResponse, BecomeLeaderResponse) complete the
   coordinator's pending unary call; replies to a leader's Truncate complete that call.
 A broken stream is simply dropped: the engine's retransmission covers the loss.
+
+Peers are named by their client addresses; the transport dials their internal
+addresses, which the coordinator hands out on the health stream
+(`set_internal_addresses`), and every call carries the cluster secret.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from quorumstore.protocol.messages import (
     TruncateResponse,
 )
 from quorumstore.wire import replication as wire
+from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -71,22 +76,34 @@ class _ReplicateStream:
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        stub = pb_grpc.ReplicationStub(self._transport.channel(self._follower))
         try:
-            call = stub.Replicate(self.outbox.messages(), metadata=data_format.REPLICATION_METADATA)
+            stub = pb_grpc.ReplicationStub(self._transport.channel(self._follower))
+            call = stub.Replicate(self.outbox.messages(), metadata=self._transport.metadata)
             async for ack in call:
                 self._transport.node.deliver(self._shard, wire.ack_from_pb(ack, self._follower))
         except grpc.aio.AioRpcError as e:
             log.debug("replicate stream %s -> %s ended: %s", self._shard, self._follower, e.code())
             self._transport.refusals.note(self._follower, e)
+        except UnknownPeer as e:
+            log.debug("replicate stream %s -> %s: %s", self._shard, self._follower, e)
         finally:
             self._transport.forget_stream(self._shard, self._follower, self)
             self.outbox.drop()
 
 
+class UnknownPeer(LookupError):
+    """No internal address is known for a peer yet (the coordinator has not said)."""
+
+
 class NodeTransport:
-    def __init__(self, node: PeerNode):
+    def __init__(self, node: PeerNode, secret: ClusterSecret | None):
         self.node = node
+        #: The metadata of every call to a peer: the data format, and the secret.
+        self.metadata = data_format.REPLICATION_METADATA + (
+            secret.metadata if secret is not None else ()
+        )
+        #: Peer name (client address) -> its internal address.
+        self._internal: dict[str, str] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[tuple[ShardKey, str], _ReplicateStream] = {}
         #: follower side: (shard, leader) -> the Acks of that leader's stream
@@ -97,13 +114,27 @@ class NodeTransport:
         self._tasks: set[asyncio.Task[None]] = set()
         #: Followers that refuse this node's data format, warned about now and then.
         self.refusals = data_format.RefusalLog()
-        self._snapshots = SnapshotStreams(self.channel, node.deliver, self.refusals)
+        self._snapshots = SnapshotStreams(self.channel, node.deliver, self.refusals, self.metadata)
 
-    def channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
+    def set_internal_addresses(self, addresses: Mapping[str, str]) -> None:
+        """Learns where peers' internal ports are; a peer that moved gets a new channel."""
+        for name, address in addresses.items():
+            if self._internal.get(name, address) != address:
+                channel = self._channels.pop(name, None)
+                if channel is not None:
+                    self._spawn(channel.close())
+            self._internal[name] = address
+
+    def channel(self, peer: str) -> grpc.aio.Channel:
+        """The channel to `peer`'s internal port; raises UnknownPeer while its address is
+        not known."""
+        channel = self._channels.get(peer)
         if channel is None:
+            address = self._internal.get(peer)
+            if address is None:
+                raise UnknownPeer(f"no internal address known for {peer} yet")
             channel = grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
-            self._channels[address] = channel
+            self._channels[peer] = channel
         return channel
 
     def forget_stream(self, shard: ShardKey, follower: str, stream: _ReplicateStream) -> None:
@@ -176,14 +207,17 @@ class NodeTransport:
             host.acks_written()
 
     async def _truncate(self, shard: ShardKey, follower: str, msg: Truncate) -> None:
-        stub = pb_grpc.ReplicationStub(self.channel(follower))
         try:
+            stub = pb_grpc.ReplicationStub(self.channel(follower))
             response = await stub.Truncate(
-                wire.truncate_to_pb(msg), timeout=10, metadata=data_format.REPLICATION_METADATA
+                wire.truncate_to_pb(msg), timeout=10, metadata=self.metadata
             )
         except grpc.aio.AioRpcError as e:
             log.debug("truncate %s -> %s failed: %s", shard, follower, e.code())
             self.refusals.note(follower, e)
+            return
+        except UnknownPeer as e:
+            log.debug("truncate %s -> %s: %s", shard, follower, e)
             return
         self.node.deliver(shard, wire.truncate_response_from_pb(response, follower))
 

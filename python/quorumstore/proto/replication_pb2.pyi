@@ -194,10 +194,19 @@ class GetStatusResponse(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ...) -> None: ...
 
 class HealthPing(_message.Message):
-    __slots__ = ("ping_sequence",)
+    __slots__ = ("ping_sequence", "internal_addresses")
+    class InternalAddressesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PING_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     ping_sequence: int
-    def __init__(self, ping_sequence: _Optional[int] = ...) -> None: ...
+    internal_addresses: _containers.ScalarMap[str, str]
+    def __init__(self, ping_sequence: _Optional[int] = ..., internal_addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
     __slots__ = ("namespace", "shard", "term", "role", "head", "commit_offset", "followers", "node")
@@ -220,16 +229,18 @@ class ShardStatus(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class HealthReport(_message.Message):
-    __slots__ = ("node_name", "sequence", "shards", "ping_sequence")
+    __slots__ = ("node_name", "sequence", "shards", "ping_sequence", "internal_address")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     PING_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     sequence: int
     shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
     ping_sequence: int
-    def __init__(self, node_name: _Optional[str] = ..., sequence: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., ping_sequence: _Optional[int] = ...) -> None: ...
+    internal_address: str
+    def __init__(self, node_name: _Optional[str] = ..., sequence: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., ping_sequence: _Optional[int] = ..., internal_address: _Optional[str] = ...) -> None: ...
 
 class ShardAssignmentsUpdate(_message.Message):
     __slots__ = ("version", "namespaces")

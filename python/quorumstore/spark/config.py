@@ -9,6 +9,8 @@ Keys (all under ``spark.quorumstore.``): ``nodes``, ``shards``, ``replicationFac
 ``placement`` (``barrier`` or ``independent``), ``host``, ``basePort``, ``dataDir``,
 ``metadataUrl``, ``walSync``, ``kvMemory`` (``512m``), ``startTimeout`` (seconds; ``120``
 or ``120s``), ``failureTimeout`` (``500ms``; how long a silent node is taken to be alive),
+``relayTimeout`` (``1500ms``; how long a node relaying a gateway-mode client's call waits
+for the shard's leader before it retries at a new one or fails),
 ``logLevel`` (of the storage nodes, in the executors' stderr).
 
 >>> config = HostingConfig.resolve({"spark.quorumstore.nodes": "5"}, shards=4)
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from quorumstore.coordinator.failure_timeout import check_failure_timeout
+from quorumstore.node.oxia.relay import DEFAULT_RELAY_TIMEOUT_MS
 from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES
 from quorumstore.wire.addresses import host_port
 
@@ -76,6 +79,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "kv_memory_bytes": ("kvMemory", _bytes),
     "start_timeout_s": ("startTimeout", _seconds),
     "failure_timeout_s": ("failureTimeout", _seconds),
+    "relay_timeout_s": ("relayTimeout", _seconds),
     "log_level": ("logLevel", str.strip),
 }
 
@@ -87,7 +91,9 @@ class HostingConfig:
     Node ``i`` listens on ``host:base_port + i`` and keeps its data in
     ``data_dir/node<i>``; its identity is that address, so it must come back on the same
     one after a restart, which is why ports are derived from the index and not picked
-    free. The coordinator's status port is ``base_port + nodes``.
+    free. The coordinator's status port is ``base_port + nodes``, and node ``i``'s
+    internal port (node control, replication) ``base_port + nodes + 1 + i``: the
+    coordinator in the driver must know it before the node is up.
     """
 
     nodes: int = 3
@@ -106,6 +112,9 @@ class HostingConfig:
     #: How long a node may send the coordinator no health report before it is taken for
     #: failed and its shards get new leaders.
     failure_timeout_s: float = 0.5
+    #: How long a node relaying a gateway-mode client's call waits for the shard's leader
+    #: (`NodeConfig.relay_timeout_ms`).
+    relay_timeout_s: float = DEFAULT_RELAY_TIMEOUT_MS / 1000
     log_level: str = "WARNING"
 
     @classmethod
@@ -158,10 +167,10 @@ class HostingConfig:
             )
         if not self.host:
             problems.append(f"{PREFIX}host must not be empty")
-        if not 1 <= self.base_port <= 65535 - self.nodes:
+        if not 1 <= self.base_port <= 65535 - 2 * self.nodes:
             problems.append(
-                f"{PREFIX}basePort must leave room for {self.nodes} node ports and the coordinator's "
-                f"(1..{65535 - self.nodes}), got {self.base_port}"
+                f"{PREFIX}basePort must leave room for {self.nodes} node ports, the coordinator's "
+                f"and {self.nodes} internal ports (1..{65535 - 2 * self.nodes}), got {self.base_port}"
             )
         if self.kv_memory_bytes < 1:
             problems.append(
@@ -180,6 +189,11 @@ class HostingConfig:
                 check_failure_timeout(self.failure_timeout_ms)
             except ValueError as e:
                 problems.append(f"{PREFIX}failureTimeout: {e}")
+        if not (math.isfinite(self.relay_timeout_s) and self.relay_timeout_ms > 0):
+            problems.append(
+                f"{PREFIX}relayTimeout must be a positive duration such as 1500ms, "
+                f"got {self.relay_timeout_s}"
+            )
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(
                 f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}"
@@ -192,12 +206,27 @@ class HostingConfig:
         return [host_port(self.host, self.base_port + i) for i in range(self.nodes)]
 
     @property
+    def internal_addresses(self) -> dict[str, str]:
+        """Node address -> its internal address."""
+        return {
+            address: host_port(self.host, self.internal_port(i))
+            for i, address in enumerate(self.node_addresses)
+        }
+
+    def internal_port(self, index: int) -> int:
+        return self.admin_port + 1 + index
+
+    @property
     def admin_port(self) -> int:
         return self.base_port + self.nodes
 
     @property
     def failure_timeout_ms(self) -> int:
         return round(self.failure_timeout_s * 1000)
+
+    @property
+    def relay_timeout_ms(self) -> int:
+        return round(self.relay_timeout_s * 1000)
 
 
 #: The types a keyword argument of `start` may have, per field (bool is no int here).
@@ -208,6 +237,7 @@ _OVERRIDE_TYPES: dict[str, tuple[type, ...]] = {
     "base_port": (int,),
     "start_timeout_s": (int, float),
     "failure_timeout_s": (int, float),
+    "relay_timeout_s": (int, float),
     "wal_sync": (bool,),
     "kv_memory_bytes": (int,),
     "data_dir": (str, os.PathLike),
@@ -237,4 +267,5 @@ def _describe(name: str) -> str:
         "kv_memory_bytes": "a size such as 512m (bytes, or k, m, g)",
         "start_timeout_s": "a number of seconds",
         "failure_timeout_s": "a duration such as 500ms or 2s",
+        "relay_timeout_s": "a duration such as 1500ms or 2s",
     }.get(name, "a whole number")

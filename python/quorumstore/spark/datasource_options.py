@@ -28,6 +28,7 @@ from pyspark.errors import PySparkValueError
 from quorumstore.client.data_service import DataClient, DataClientError
 from quorumstore.spark.datasource_values import FORMATS, TYPED_FORMATS, SchemaError, ValueCodec
 from quorumstore.wire.keys import compare_keys
+from quorumstore.wire.metadata import DEFAULT_NAMESPACE
 
 
 class QuorumstoreOptionError(PySparkValueError):
@@ -116,7 +117,7 @@ class SourceOptions:
 
     use: Use
     address: str
-    namespace: str = "default"
+    namespace: str = DEFAULT_NAMESPACE
     value_format: str = "binary"
     value_schema: str | None = None
     value_columns: tuple[str, ...] | None = None
@@ -187,7 +188,7 @@ class SourceOptions:
         parsed = cls(
             use=use,
             address=",".join(nodes),
-            namespace=given.get("namespace", "default"),
+            namespace=given.get("namespace", DEFAULT_NAMESPACE),
             value_format=value_format,
             value_schema=given.get("valueSchema"),
             value_columns=value_columns,

@@ -44,6 +44,7 @@ from quorumstore.spark.node_jobs import (
 )
 from quorumstore.spark.slots import check_free_slots
 from quorumstore.wire.addresses import host_port
+from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class HostedCluster:
         config: HostingConfig,
         coordinator: CoordinatorThread,
         cluster_id: str,
+        secret: ClusterSecret,
     ):
         self.config = config
         self.addresses = config.node_addresses
@@ -112,6 +114,7 @@ class HostedCluster:
         self._sc = spark.sparkContext
         self._coordinator = coordinator
         self._cluster_id = cluster_id
+        self._secret = secret
         self._started_at = time.time()
         self._jobs: list[NodeJob] = []
         self._stop_lock = threading.Lock()
@@ -236,7 +239,7 @@ class HostedCluster:
         fails the start with the job's error instead of being resubmitted.
         """
         self._jobs = submit_node_jobs(
-            self._sc, self.config, self._cluster_id, self._spark_stopped_under_cluster
+            self._sc, self.config, self._cluster_id, self._spark_stopped_under_cluster, self._secret
         )
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
@@ -286,6 +289,7 @@ def start(
     kv_memory_bytes: int | None = None,
     start_timeout_s: float | None = None,
     failure_timeout_s: float | None = None,
+    relay_timeout_s: float | None = None,
     log_level: str | None = None,
 ) -> HostedCluster:
     """Starts a quorumstore cluster inside this Spark application and waits until it serves.
@@ -311,7 +315,9 @@ def start(
     metadata_url : str, optional
         Path or fsspec URL of the coordinator's metadata (default under `data_dir`).
     host, base_port : optional
-        Node ``i`` serves on ``host:base_port+i``, the coordinator's status on ``base_port+nodes``.
+        Node ``i`` serves clients on ``host:base_port+i``, the coordinator's status on
+        ``base_port+nodes``, and node ``i``'s internal port (node control and replication,
+        for members only) is ``base_port+nodes+1+i``.
     wal_sync : bool, optional
         fsync the nodes' WALs (default True).
     kv_memory_bytes : int, optional
@@ -322,6 +328,9 @@ def start(
     failure_timeout_s : float, optional
         How long a node may be silent before the coordinator takes it for failed and
         elects new leaders for its shards (default 0.5 s, at least 0.2 s).
+    relay_timeout_s : float, optional
+        How long a node waits for a shard's leader when it relays a gateway-mode
+        client's call (the official Python client) before retrying at a new leader.
     log_level : str, optional
         Level of the nodes' logs in the executors' stderr (default WARNING).
 
@@ -363,12 +372,18 @@ def start(
         kv_memory_bytes=kv_memory_bytes,
         start_timeout_s=start_timeout_s,
         failure_timeout_s=failure_timeout_s,
+        relay_timeout_s=relay_timeout_s,
         log_level=log_level,
     )
     check_free_slots(sc, config.nodes, config.start_timeout_s)
-    coordinator = CoordinatorThread(coordinator_config(config))
+    # A new secret for each cluster, made here and kept in memory: the coordinator holds
+    # it, and the node tasks get it inside their closure (docs/security.md).
+    secret = ClusterSecret.generate()
+    coordinator = CoordinatorThread(coordinator_config(config, secret))
     coordinator.start()
-    cluster = HostedCluster(spark, config, coordinator, f"quorumstore-{uuid.uuid4().hex[:8]}")
+    cluster = HostedCluster(
+        spark, config, coordinator, f"quorumstore-{uuid.uuid4().hex[:8]}", secret
+    )
     atexit.register(cluster.stop)
     try:
         cluster._launch()
@@ -378,11 +393,13 @@ def start(
     return cluster
 
 
-def coordinator_config(config: HostingConfig) -> CoordinatorServerConfig:
+def coordinator_config(config: HostingConfig, secret: ClusterSecret) -> CoordinatorServerConfig:
     """The settings of the coordinator a hosted cluster runs in the driver."""
     return CoordinatorServerConfig(
         nodes=config.node_addresses,
         metadata_url=config.metadata_url,
+        internal_addresses=config.internal_addresses,
+        cluster_secret=secret,
         namespaces={DEFAULT_NAMESPACE: config.shards},
         replication_factor=config.replication_factor,
         admin_host=config.host,

@@ -27,6 +27,7 @@ from pyspark import SparkContext
 
 from quorumstore.spark import node_task
 from quorumstore.spark.config import HostingConfig
+from quorumstore.wire.auth import ClusterSecret
 
 log = logging.getLogger(__name__)
 
@@ -165,16 +166,21 @@ def submit_node_jobs(
     config: HostingConfig,
     cluster_id: str,
     on_spark_stopped: Callable[[], None],
+    secret: ClusterSecret,
 ) -> list[NodeJob]:
     """Starts the node jobs of `config.placement`; each runs until cancelled, or until
-    the SparkContext stops under it, which it reports through `on_spark_stopped`."""
+    the SparkContext stops under it, which it reports through `on_spark_stopped`. The
+    cluster `secret` travels to the executors inside the tasks' closure."""
     barrier = config.placement == "barrier"
     spec = node_task.NodeTaskSpec(
         host=config.host,
         base_port=config.base_port,
+        internal_base_port=config.internal_port(0),
+        cluster_secret=secret,
         data_dir=str(config.data_dir),
         wal_sync=config.wal_sync,
         kv_memory_bytes=config.kv_memory_bytes,
+        relay_timeout_ms=config.relay_timeout_ms,
         barrier=barrier,
         log_level=config.log_level,
     )

@@ -21,6 +21,10 @@ the node's fsynced WAL.
 
 Each task writes the pid of the Python worker running it to ``<data_dir>/node<i>.pid``,
 so an operator (or a fault test) can find and kill -9 the process of one node.
+
+Node ``i`` serves node control and replication on its internal port,
+``internal_base_port + i``, and admits only calls with the cluster secret, which the
+driver makes at start and hands over in the task spec (inside the job's closure).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from quorumstore.backoff import restart_backoff
 from quorumstore.node.data_format import DataFormatError
 from quorumstore.node.node import Node, NodeConfig
 from quorumstore.spark.config import node_path
+from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.channels import probe_port
 
 log = logging.getLogger("quorumstore.spark.node_task")
@@ -58,9 +63,12 @@ class NodeTaskSpec:
 
     host: str
     base_port: int
+    internal_base_port: int
+    cluster_secret: ClusterSecret
     data_dir: str
     wal_sync: bool
     kv_memory_bytes: int
+    relay_timeout_ms: int
     barrier: bool
     log_level: str
 
@@ -124,12 +132,16 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
                 spec.node_dir(index),
                 host=spec.host,
                 port=spec.base_port + index,
+                internal_port=spec.internal_base_port + index,
+                cluster_secret=spec.cluster_secret,
                 wal_sync=spec.wal_sync,
                 kv_memory_bytes=spec.kv_memory_bytes,
+                relay_timeout_ms=spec.relay_timeout_ms,
             )
         )
         try:
-            _check_port_free(spec, index)
+            _check_port_free(spec, index, spec.base_port + index)
+            _check_port_free(spec, index, spec.internal_base_port + index)
             address = await node.start()
         except (NodeConfigError, DataFormatError):
             raise
@@ -157,15 +169,14 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
         return node
 
 
-def _check_port_free(spec: NodeTaskSpec, index: int) -> None:
-    """Refuses to start while anything listens on the node's port.
+def _check_port_free(spec: NodeTaskSpec, index: int, port: int) -> None:
+    """Refuses to start while anything listens on one of the node's ports.
 
     The node's own bind would fail then too (it binds without SO_REUSEPORT); probing
     first tells the causes apart: an address this machine does not own is a
     configuration error, which retrying cannot fix, while a port in use (an earlier
     incarnation that Spark has not finished killing) is retried.
     """
-    port = spec.base_port + index
     try:
         probe_port(spec.host, port)
     except OSError as e:

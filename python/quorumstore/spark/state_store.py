@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quorumstore.spark import jar_build
+from quorumstore.wire.metadata import DEFAULT_NAMESPACE
 
 #: The StateStoreProvider implemented by the jar.
 PROVIDER_CLASS = "io.quorumstore.spark.state.QuorumStateStoreProvider"
@@ -43,7 +44,7 @@ def state_store_jar(force: bool = False) -> Path:
 
 def spark_confs(
     address: str,
-    namespace: str = "default",
+    namespace: str = DEFAULT_NAMESPACE,
     *,
     prefix: str | None = None,
     timeout_ms: int | None = None,

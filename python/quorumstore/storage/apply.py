@@ -6,6 +6,12 @@ bumped by every successful put, the creation time survives overwrites, a version
 check against an absent key fails unless it expects absence (-1), and ops in one
 batch see the effects of the ops before them. The outcome is one KV write, which
 the state machine makes atomically with the entry's position.
+
+The apply is total: an op it cannot apply (an unknown op code, a string that is not
+UTF-8, a null inside a sequence's deltas or an index pair, a session id no session
+can have) gets INVALID_OP and changes nothing, the same on every replica, and the
+entry's other ops apply as usual. The write paths refuse such ops before proposing
+them, so only a buggy or older leader's entries hold them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from quorumstore.storage.kv import KvReader, KvWrite
 from quorumstore.storage.overlay import InternalOverlay
 from quorumstore.storage.records import HAS_INDEXES, HEADER, Record, encode_record_head
 from quorumstore.storage.results import (
+    INVALID_OP,
     KEY_NOT_FOUND,
     OK,
     SESSION_DOES_NOT_EXIST,
@@ -27,10 +34,14 @@ from quorumstore.storage.results import (
     OpResult,
     Status,
 )
-from quorumstore.storage.write_batch import VERSION_ID_NOT_EXISTS, Op
+from quorumstore.storage.write_batch import BINARY_TYPES, VERSION_ID_NOT_EXISTS, Op
 from quorumstore.wire.keys import USER_KEYS_END, encode_key, encode_key_list
 
-_KNOWN_OPS = {op.value for op in Op}
+#: The op code an op whose strings are not UTF-8 is applied as: none, so INVALID_OP.
+_NOT_UTF8 = -1
+#: Session ids run from 1 up; closing one scans the ids below the next, so the largest
+#: int64 is no session's.
+_MAX_SESSION_ID = (1 << 63) - 2
 _PUT, _DELETE, _DELETE_RANGE = Op.PUT.value, Op.DELETE.value, Op.DELETE_RANGE.value
 _CREATE_SESSION, _CLOSE_SESSION = Op.CREATE_SESSION.value, Op.CLOSE_SESSION.value
 
@@ -47,6 +58,8 @@ class OpsApply(NamedTuple):
     #: Encoded head of each record put, by id(record), for `encode_results`.
     heads: dict[int, bytes]
     next_version_id: int
+    #: Which op could not be applied and why (`EntryResult.invalid`); None: every op could.
+    invalid: str | None
 
 
 #: The batch columns an op's row holds, in order, after the op and its encoded key.
@@ -69,20 +82,94 @@ _Row = tuple[Any, ...]
 
 
 def apply_ops(
-    store: KvReader, batch: pa.RecordBatch, offset: int, now: int, next_version_id: int
+    store: KvReader,
+    batch: pa.RecordBatch,
+    now: int,
+    next_version_id: int,
+    utf8_valid: bool,
 ) -> OpsApply:
-    """Applies the ops of `batch` (the entry at `offset`, timestamped `now`) in order,
-    on `store` as it is, with version ids from `next_version_id` on."""
-    columns = batch.to_pydict()
+    """Applies the ops of `batch` (an entry timestamped `now`) in order, on `store` as
+    it is, with version ids from `next_version_id` on. Unless `utf8_valid` (the batch
+    passed Arrow's full validation), its strings are decoded one by one and an op
+    holding one that is not UTF-8 gets INVALID_OP."""
+    if utf8_valid:
+        columns = batch.to_pydict()
+        keys = encode_key_list(batch.column("key"))
+        not_utf8: dict[int, str] = {}
+    else:
+        columns, not_utf8 = _decoded_columns(batch)
+        keys = [encode_key(key) for key in columns["key"]]
     ops = columns["op"]
-    unknown = set(ops) - _KNOWN_OPS
-    if unknown:
-        raise ValueError(f"entry at offset {offset} holds unknown ops {sorted(unknown)}")
-    keys = encode_key_list(batch.column("key"))
     entry = _EntryOps(store, ops, keys, now, next_version_id)
     rows = zip(ops, keys, *(columns[name] for name in _COLUMNS))
-    results = [_HANDLERS[row[0]](entry, row) for row in rows]
-    return entry.outcome(results)
+    results = [_HANDLERS.get(row[0], _EntryOps.invalid)(entry, row) for row in rows]
+    invalid = None
+    if entry.invalid_ops:
+        at = next(i for i, r in enumerate(results) if r.status is Status.INVALID_OP)
+        reason = not_utf8.get(at) or _reason(ops[at], *(columns[name][at] for name in _COLUMNS))
+        invalid = f"op {at} cannot be applied: {reason}"
+    return entry.outcome(results, invalid)
+
+
+def _decoded(value: Any) -> Any:
+    """A binary view's Python value with its bytes decoded as UTF-8 (which may raise)."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return [_decoded(v) for v in value]
+    if isinstance(value, dict):
+        return {name: _decoded(v) for name, v in value.items()}
+    return value
+
+
+def _decoded_columns(batch: pa.RecordBatch) -> tuple[dict[str, list[Any]], dict[int, str]]:
+    """`batch.to_pydict()` for a batch whose strings are not all UTF-8: each row holding
+    one that is not gets op `_NOT_UTF8`, and the strings of that row's column None."""
+    columns: dict[str, list[Any]] = {}
+    not_utf8: dict[int, str] = {}
+    for name in batch.schema.names:
+        column = batch.column(name)
+        if name not in BINARY_TYPES:
+            columns[name] = column.to_pylist()
+            continue
+        values = column.view(BINARY_TYPES[name]).to_pylist()
+        for i, value in enumerate(values):
+            try:
+                values[i] = _decoded(value)
+            except UnicodeDecodeError:
+                values[i] = None
+                not_utf8.setdefault(i, f"{name} is not valid UTF-8")
+        columns[name] = values
+    ops = columns["op"]
+    for i in not_utf8:
+        ops[i] = _NOT_UTF8
+    columns["key"] = ["" if key is None else key for key in columns["key"]]
+    return columns, not_utf8
+
+
+def _reason(op: int, *fields: Any) -> str:
+    """Why `_EntryOps` gave an op of these `_COLUMNS` INVALID_OP."""
+    named = dict(zip(_COLUMNS, fields))
+    if op not in _HANDLERS:
+        return f"op code {op} is unknown"
+    if op == _CLOSE_SESSION:
+        return f"session_id {named['session_id']} is no session's"
+    if None in (named["sequence_key_delta"] or ()):
+        return "sequence_key_delta holds a null"
+    return "secondary_indexes holds a null"
+
+
+def _pairs(indexes: list[dict[str, str | None] | None]) -> list[tuple[str, str]] | None:
+    """The (index name, secondary key) pairs of a put; None if one holds a null."""
+    pairs = []
+    for index in indexes:
+        if index is None:
+            return None
+        name, secondary = index["index_name"], index["secondary_key"]
+        if name is None or secondary is None:
+            return None
+        pairs.append((name, secondary))
+    return pairs
 
 
 class _EntryOps:
@@ -105,8 +192,10 @@ class _EntryOps:
         #: Sessions, secondary indexes and sequences, under internal keys.
         self._internal = InternalOverlay(store)
         self._heads: dict[int, bytes] = {}
+        #: How many ops got INVALID_OP.
+        self.invalid_ops = 0
 
-    def outcome(self, results: list[OpResult]) -> OpsApply:
+    def outcome(self, results: list[OpResult], invalid: str | None) -> OpsApply:
         changes = self._changes
         puts = [(k, v) for k, v in changes.items() if v is not None]
         deletes = [k for k, v in changes.items() if v is None]
@@ -120,6 +209,7 @@ class _EntryOps:
             results,
             self._heads,
             self._next_version_id,
+            invalid,
         )
 
     def _named(self, key: bytes) -> bytes | None:
@@ -152,6 +242,9 @@ class _EntryOps:
             indexes,
             _,
         ) = row
+        pairs = None
+        if indexes and (pairs := _pairs(indexes)) is None or deltas and None in deltas:
+            return self.invalid(row)
         assigned = None
         if session_id is not None or deltas:
             if session_id is not None and not sessions.session_exists(self._internal, session_id):
@@ -196,9 +289,8 @@ class _EntryOps:
         self._versions[key] = (user_key if assigned is None else assigned, record)
         if session_id is not None:
             sessions.add_ephemeral_key(self._internal, session_id, key)
-        if indexes or was_indexed:
-            pairs = [(i["index_name"], i["secondary_key"]) for i in indexes or ()]
-            secondary_indexes.replace(self._internal, key, pairs)
+        if pairs or was_indexed:
+            secondary_indexes.replace(self._internal, key, pairs or [])
         return OpResult(Status.OK, record, assigned)
 
     def delete(self, row: _Row) -> OpResult:
@@ -235,6 +327,8 @@ class _EntryOps:
 
     def close_session(self, row: _Row) -> OpResult:
         _, _, _, _, _, _, session_id, _, _, _, _, _ = row
+        if session_id is None or session_id > _MAX_SESSION_ID:
+            return self.invalid(row)
         listed = sessions.close_session(self._internal, session_id)
         if listed is None:
             return SESSION_DOES_NOT_EXIST
@@ -248,6 +342,11 @@ class _EntryOps:
                 if flags & HAS_INDEXES:
                     secondary_indexes.remove(self._internal, k)
         return OK
+
+    def invalid(self, row: _Row) -> OpResult:
+        """An op that cannot be applied: it changes nothing."""
+        self.invalid_ops += 1
+        return INVALID_OP
 
 
 #: The handler of each op kind, by op value.

@@ -14,12 +14,16 @@ from quorumstore.storage.records import Record, decode_record, encode_record_hea
 
 
 class Status(enum.IntEnum):
-    """Oxia's client.proto `Status`."""
+    """Oxia's client.proto `Status`, and INVALID_OP."""
 
     OK = 0
     KEY_NOT_FOUND = 1
     UNEXPECTED_VERSION_ID = 2
     SESSION_DOES_NOT_EXIST = 3
+    #: quorumstore's own: an op the apply cannot apply (an unknown op code, a string
+    #: that is not UTF-8, a null where a value is needed), so it changed nothing. Oxia
+    #: has no such status: the write's RPC answers INVALID_ARGUMENT.
+    INVALID_OP = 4
 
 
 class OpResult(NamedTuple):
@@ -40,6 +44,7 @@ OK = OpResult(Status.OK)
 KEY_NOT_FOUND = OpResult(Status.KEY_NOT_FOUND)
 UNEXPECTED_VERSION_ID = OpResult(Status.UNEXPECTED_VERSION_ID)
 SESSION_DOES_NOT_EXIST = OpResult(Status.SESSION_DOES_NOT_EXIST)
+INVALID_OP = OpResult(Status.INVALID_OP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,10 @@ class EntryResult:
     duplicate: bool = False
     #: Why a publish changed nothing (its pieces were discarded first); else None.
     refused: str | None = None
+    #: Why the entry could not be applied at all (then `results` is empty), or which
+    #: of its ops could not (the first INVALID_OP); else None. Made from the entry's
+    #: bytes alone, so every replica says the same; never stored.
+    invalid: str | None = None
 
 
 #: (field, struct format code) of each stored result's header, little-endian.

@@ -36,12 +36,14 @@ from quorumstore.storage.reads import (
 from quorumstore.storage.results import EntryResult, decode_results, encode_results
 from quorumstore.storage.serials import decode_serial_record, serial_changes, serial_key
 from quorumstore.storage.write_batch import (
+    InvalidBatchError,
     Staging,
     StagingKind,
     batch_origin,
     batch_staging,
     batch_timestamp_ms,
     decode_batch,
+    utf8_valid,
 )
 from quorumstore.wire.metadata import ClientSerial
 
@@ -192,7 +194,11 @@ class ShardStateMachine(ShardReader):
         self._next_version_id = next_version_id
 
     def _apply_entry(self, entry: LogEntry) -> EntryResult:
-        batch = decode_batch(entry.payload)
+        try:
+            batch = decode_batch(entry.payload)
+        except InvalidBatchError as e:
+            self._consume_offset(entry.position, None)
+            return EntryResult(entry.offset, [], invalid=f"entry {entry.offset}: {e}")
         now = batch_timestamp_ms(batch)
         position = entry.position
         stage = batch_staging(batch)
@@ -216,7 +222,11 @@ class ShardStateMachine(ShardReader):
                     original = decode_results(stored_results) if origin.serial == last else []
                     return EntryResult(entry.offset, original, duplicate=True)
         if stage is not None:
-            pieces = staging.read_pieces(self._store, stage.name)
+            try:
+                pieces = staging.read_pieces(self._store, stage.name)
+            except InvalidBatchError as e:  # kept by an older leader, which checked less
+                self._consume_offset(position, drop)
+                return EntryResult(entry.offset, [], invalid=f"entry {entry.offset}: a piece: {e}")
             if len(pieces) != stage.number:
                 self._consume_offset(position, drop)
                 return EntryResult(
@@ -232,14 +242,16 @@ class ShardStateMachine(ShardReader):
                 [batch.replace_schema_metadata(None), *pieces]
             ).replace_schema_metadata(metadata)
             del pieces  # the publish holds its rows once, not twice, while it applies them
-        leading_ranges = leading_range_deletes(batch)
+        utf8 = utf8_valid(batch)
+        # The columnar apply takes only batches whose every string is UTF-8.
+        leading_ranges = leading_range_deletes(batch) if utf8 else None
         if leading_ranges is not None:
             applied_columnar = self._apply_plain_puts(
                 entry.offset, batch, leading_ranges, now, position, origin, previous_serial, drop
             )
             if applied_columnar is not None:
                 return applied_columnar
-        applied = apply_ops(self._store, batch, entry.offset, now, self._next_version_id)
+        applied = apply_ops(self._store, batch, now, self._next_version_id, utf8)
         self._write_entry(
             entry.offset,
             now,
@@ -252,7 +264,7 @@ class ShardStateMachine(ShardReader):
             else (origin, encode_results(applied.results, applied.heads), previous_serial),
             drop,
         )
-        return EntryResult(entry.offset, applied.results)
+        return EntryResult(entry.offset, applied.results, invalid=applied.invalid)
 
     def _apply_plain_puts(
         self,

@@ -137,17 +137,56 @@ class Staging(NamedTuple):
         return {DISCARD_KEY: name}
 
 
+class InvalidBatchError(ValueError):
+    """A payload that is not a write batch the apply can read. Its message is made from
+    the payload alone, in quorumstore's words, so every replica words it alike."""
+
+
+def _text(metadata: dict[bytes, bytes], key: bytes) -> str:
+    raw = metadata.get(key)
+    if raw is None:
+        raise InvalidBatchError(f"write batch has no {key.decode()} metadata")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise InvalidBatchError(
+            f"write batch metadata {key.decode()!r} is not valid UTF-8"
+        ) from None
+
+
+def _number(metadata: dict[bytes, bytes], key: bytes, limit: int) -> int:
+    """A decimal metadata value in [0, limit)."""
+    text = _text(metadata, key)
+    if not (text.isascii() and text.isdigit()) or int(text) >= limit:
+        raise InvalidBatchError(
+            f"write batch metadata {key.decode()!r} is {text!r}, not a decimal in [0, {limit})"
+        )
+    return int(text)
+
+
+#: Bounds of the numbers an entry's metadata carries: serials and timestamps are int64,
+#: piece numbers 4 bytes of a piece's key.
+_INT64_LIMIT = 1 << 63
+_PIECES_LIMIT = 1 << 32
+
+
 def batch_staging(batch: pa.RecordBatch) -> Staging | None:
     """The staged-write role of an entry's batch; None for an ordinary write."""
     metadata = batch.schema.metadata or {}
     if STAGE_KEY in metadata:
-        return Staging(StagingKind.PIECE, metadata[STAGE_KEY].decode(), int(metadata[PIECE_KEY]))
+        return Staging(
+            StagingKind.PIECE,
+            _text(metadata, STAGE_KEY),
+            _number(metadata, PIECE_KEY, _PIECES_LIMIT),
+        )
     if PUBLISH_KEY in metadata:
         return Staging(
-            StagingKind.PUBLISH, metadata[PUBLISH_KEY].decode(), int(metadata[PIECES_KEY])
+            StagingKind.PUBLISH,
+            _text(metadata, PUBLISH_KEY),
+            _number(metadata, PIECES_KEY, _PIECES_LIMIT),
         )
     if DISCARD_KEY in metadata:
-        return Staging(StagingKind.DISCARD, metadata[DISCARD_KEY].decode())
+        return Staging(StagingKind.DISCARD, _text(metadata, DISCARD_KEY))
     return None
 
 
@@ -170,49 +209,93 @@ def _with_timestamp(
 def batch_origin(batch: pa.RecordBatch) -> ClientSerial | None:
     """The (client id, serial) an exactly-once write carries, if any."""
     metadata = batch.schema.metadata or {}
-    client_id = metadata.get(CLIENT_ID_KEY)
-    if client_id is None:
+    if CLIENT_ID_KEY not in metadata:
         return None
-    return ClientSerial(client_id.decode(), int(metadata[SERIAL_KEY]))
+    client_id = _text(metadata, CLIENT_ID_KEY)
+    if not client_id:
+        raise InvalidBatchError("write batch metadata 'client_id' is empty")
+    return ClientSerial(client_id, _number(metadata, SERIAL_KEY, _INT64_LIMIT))
 
 
 #: Columns that must hold no nulls; listed once, as iterating a schema builds its fields.
 _NOT_NULL = [field.name for field in SCHEMA if not field.nullable]
 
 
-def _check(batch: pa.RecordBatch) -> None:
+def _binary(type: pa.DataType) -> pa.DataType:
+    """`type` with every string in it a binary and every field nullable: the same
+    buffers, read without UTF-8, whatever nulls they hold."""
+    if type == pa.string():
+        return pa.binary()
+    if pa.types.is_list(type):
+        return pa.list_(type.value_field.with_type(_binary(type.value_type)).with_nullable(True))
+    if pa.types.is_struct(type):
+        return pa.struct([f.with_type(_binary(f.type)).with_nullable(True) for f in type])
+    return type
+
+
+#: The binary view of each SCHEMA column that holds strings (`utf8_valid`).
+BINARY_TYPES = {
+    field.name: _binary(field.type) for field in SCHEMA if _binary(field.type) != field.type
+}
+
+
+def _check(batch: pa.RecordBatch, *, utf8: bool) -> None:
+    """What every write batch is: SCHEMA, no nulls where SCHEMA has none, sound Arrow
+    buffers, valid metadata; and, if `utf8`, valid UTF-8 in every string (the apply
+    refuses the ops of a decoded batch whose strings are not, one by one)."""
     if not batch.schema.equals(SCHEMA):
-        raise ValueError(f"write batch schema mismatch:\n{batch.schema}\nexpected:\n{SCHEMA}")
+        raise InvalidBatchError(f"write batch schema mismatch; expected:\n{SCHEMA}")
     for name in _NOT_NULL:
         if batch.column(name).null_count:
-            raise ValueError(f"write batch column {name!r} holds nulls")
+            raise InvalidBatchError(f"write batch column {name!r} holds nulls")
+    if not utf8_valid(batch):
+        if utf8:
+            raise InvalidBatchError("write batch holds a string that is not valid UTF-8")
+        binary = [
+            batch.column(i).view(BINARY_TYPES[name]) if name in BINARY_TYPES else batch.column(i)
+            for i, name in enumerate(batch.schema.names)
+        ]
+        try:
+            pa.RecordBatch.from_arrays(binary, names=batch.schema.names).validate(full=True)
+        except pa.ArrowInvalid:
+            raise InvalidBatchError("write batch has malformed Arrow buffers") from None
     batch_timestamp_ms(batch)
+    batch_staging(batch)
+    batch_origin(batch)
+
+
+def utf8_valid(batch: pa.RecordBatch) -> bool:
+    """Whether `batch` passes Arrow's full validation, UTF-8 of every string included."""
+    try:
+        batch.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def encode_batch(batch: pa.RecordBatch) -> bytes:
-    """IPC-stream bytes of `batch`, which must have SCHEMA and a timestamp."""
-    _check(batch)
+    """IPC-stream bytes of `batch`, which must have SCHEMA and a timestamp and be fully
+    valid Arrow data; raises InvalidBatchError otherwise."""
+    _check(batch, utf8=True)
     return ipc_bytes(batch)
 
 
 def decode_batch(data: bytes) -> pa.RecordBatch:
-    """The record batch of a WAL entry payload; raises ValueError if it is not one."""
+    """The record batch of a WAL entry payload; raises InvalidBatchError if it is not one.
+    Its strings may still be invalid UTF-8 (`utf8_valid`): the apply refuses those ops."""
     try:
         batches = ipc_batches(data)
-    except NotIpcStream as e:
-        raise ValueError(f"write batch is not an Arrow IPC stream: {e}") from e
+    except (NotIpcStream, pa.ArrowException):
+        raise InvalidBatchError("write batch is not an Arrow IPC stream") from None
     if len(batches) != 1:
-        raise ValueError(f"write batch holds {len(batches)} record batches, expected 1")
-    _check(batches[0])
+        raise InvalidBatchError(f"write batch holds {len(batches)} record batches, expected 1")
+    _check(batches[0], utf8=False)
     return batches[0]
 
 
 def batch_timestamp_ms(batch: pa.RecordBatch) -> int:
     """The leader's wall clock recorded in the batch."""
-    raw = (batch.schema.metadata or {}).get(TIMESTAMP_KEY)
-    if raw is None:
-        raise ValueError("write batch has no timestamp_ms metadata")
-    return int(raw)
+    return _number(batch.schema.metadata or {}, TIMESTAMP_KEY, _INT64_LIMIT)
 
 
 class WriteBatchBuilder:

@@ -22,8 +22,25 @@ MESSAGE_SIZE_OPTIONS = [
 #: pings notice a dead peer on an otherwise idle connection.
 PEER_CHANNEL_OPTIONS = [*MESSAGE_SIZE_OPTIONS, ("grpc.keepalive_time_ms", 10_000)]
 #: Servers add: no SO_REUSEPORT (gRPC sets it by default on Linux), so that a second
-#: process on a node's port fails to start instead of taking half of its connections.
-SERVER_OPTIONS = [*PEER_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
+#: process on a node's port fails to start instead of taking half of its connections;
+#: and they accept the clients' and relays' frequent keepalive pings (below) rather
+#: than answer them with GOAWAY "too_many_pings".
+SERVER_OPTIONS = [
+    *PEER_CHANNEL_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+#: A connection whose peer died or is paused (SIGSTOP, cut off) fails its calls with
+#: UNAVAILABLE within about two seconds: a ping every second, answered within a second.
+#: Clients set no long deadlines; these pings notice a peer that stopped answering.
+_FAST_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 #: A restarted node is found again within a second, not after gRPC's default backoff,
 #: which grows to two minutes.
 _FAST_RECONNECT_OPTIONS = [
@@ -37,14 +54,16 @@ CLIENT_CHANNEL_OPTIONS = [
     *MESSAGE_SIZE_OPTIONS,
     ("grpc.use_local_subchannel_pool", 1),
     *_FAST_RECONNECT_OPTIONS,
+    *_FAST_KEEPALIVE_OPTIONS,
     ("grpc.enable_retries", 0),
 ]
 #: A node relaying a call to a shard's leader: a leader that was down is retried soon
-#: after it is back.
+#: after it is back, and one that stops answering is noticed by keepalive.
 RELAY_CHANNEL_OPTIONS = [
     *MESSAGE_SIZE_OPTIONS,
     *_FAST_RECONNECT_OPTIONS,
     ("grpc.min_reconnect_backoff_ms", 100),
+    *_FAST_KEEPALIVE_OPTIONS,
 ]
 
 

@@ -2,7 +2,8 @@
 
 Reads (scans, changes, offsets) may be served by any replica that is asked to
 (`allow_follower`) or that has applied what is asked for (changes); writes and
-staging only by the shard's leader.
+staging only by the shard's leader. A scan its leader serves is linearizable: it reads
+a snapshot taken after a read barrier (`leader_snapshot`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import grpc
 
 from quorumstore.node.data.errors import Refused, invalid
 from quorumstore.proto import replication_pb2
+from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.storage.kv import KvClosedError, KvSnapshot, KvStore
 from quorumstore.storage.results import EntryResult
 from quorumstore.wire.status import not_leader_message
@@ -30,6 +32,8 @@ class DataShardHost(Protocol):
     def leader_hint(self) -> str | None: ...
 
     async def write(self, payload: bytes) -> EntryResult: ...
+
+    async def read_barrier(self) -> None: ...
 
 
 class DataNode(Protocol):
@@ -83,3 +87,17 @@ def snapshot(host: DataShardHost) -> KvSnapshot:
         return host.kv.snapshot()
     except KvClosedError as e:
         raise Refused(grpc.StatusCode.UNAVAILABLE, f"the shard's store is closed: {e}") from None
+
+
+async def leader_snapshot(host: DataShardHost, name: str) -> KvSnapshot:
+    """A snapshot of the leader's KV taken after its read barrier (`ShardHost.read_barrier`),
+    so that it holds every write acknowledged before the call; not-leader when deposed."""
+    try:
+        await host.read_barrier()
+    except NotLeaderError as e:
+        raise Refused(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            not_leader_message(name, e.leader_hint),
+            e.leader_hint,
+        ) from None
+    return snapshot(host)

@@ -33,7 +33,7 @@ from quorumstore.arrow.ipc import ipc_bytes
 from quorumstore.node.aborts import abort
 from quorumstore.node.data.changes import change_chunks
 from quorumstore.node.data.errors import Refused, invalid
-from quorumstore.node.data.hosts import DataNode, find_host, snapshot
+from quorumstore.node.data.hosts import DataNode, find_host, leader_snapshot, snapshot
 from quorumstore.node.data.scans import index_chunks, scan_chunks, split
 from quorumstore.node.data.staging import StagedRows
 from quorumstore.node.data.validation import check_rows, key_ranges, read_rows
@@ -170,7 +170,11 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             host = find_host(
                 self._node, request.namespace, request.shard, leader=not request.allow_follower
             )
-            view = snapshot(host)
+            view = (
+                snapshot(host)
+                if request.allow_follower
+                else await leader_snapshot(host, f"{request.namespace}/{request.shard}")
+            )
             offset = ShardReader(view).applied_position.offset
             batch_rows = request.batch_rows or DEFAULT_SCAN_BATCH_ROWS
             chunks = (

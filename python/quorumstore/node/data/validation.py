@@ -34,7 +34,29 @@ def read_rows(data: bytes, what: str) -> pa.Table:
             raise invalid(f"{what}: column {field.name!r} is {column.type}, expected {field.type}")
         if column.null_count:
             raise invalid(f"{what}: column {field.name!r} holds {column.null_count} null(s)")
+    try:
+        table.validate(full=True)
+    except pa.ArrowInvalid:
+        raise invalid(f"{what}: {_malformed(table)}") from None
     return table.cast(ROWS_SCHEMA)
+
+
+def _malformed(table: pa.Table) -> str:
+    """What Arrow's full validation found wrong with rows of ROWS_SCHEMA's types."""
+    keys = pa.chunked_array(
+        [chunk.view(pa.binary()) for chunk in table.column("key").chunks], pa.binary()
+    )
+    try:
+        keys.validate(full=True)
+        table.column("value").validate(full=True)
+    except pa.ArrowInvalid:
+        return "the Arrow buffers are malformed (offsets out of order or out of bounds)"
+    for row, key in enumerate(keys.to_pylist()):
+        try:
+            key.decode()
+        except UnicodeDecodeError:
+            return f"row {row}: the key is not valid UTF-8 (keys are strings)"
+    return "the rows fail Arrow's full validation"
 
 
 def check_rows(rows: pa.Table, unique_keys: bool) -> None:
@@ -43,14 +65,19 @@ def check_rows(rows: pa.Table, unique_keys: bool) -> None:
     keys, values = rows.column("key"), rows.column("value")
     key_bytes = pc.binary_length(keys.cast(pa.binary()))
     if pc.min(key_bytes).as_py() == 0:
-        raise invalid("a row has an empty key")
+        raise invalid(f"row {pc.index(key_bytes, 0).as_py()} has an empty key")
     longest_key = pc.max(key_bytes).as_py()
     if longest_key > MAX_KEY_BYTES:
-        raise invalid(f"a key is {longest_key} bytes, above the limit of {MAX_KEY_BYTES} bytes")
-    longest_value = pc.max(pc.binary_length(values)).as_py()
+        raise invalid(
+            f"row {pc.index(key_bytes, longest_key).as_py()}: its key is {longest_key} bytes, "
+            f"above the limit of {MAX_KEY_BYTES} bytes"
+        )
+    value_bytes = pc.binary_length(values)
+    longest_value = pc.max(value_bytes).as_py()
     if longest_value > MAX_VALUE_BYTES:
         raise invalid(
-            f"a value is {longest_value} bytes, above the limit of {MAX_VALUE_BYTES} bytes"
+            f"row {pc.index(value_bytes, longest_value).as_py()}: its value is {longest_value} "
+            f"bytes, above the limit of {MAX_VALUE_BYTES} bytes"
         )
     if unique_keys:
         distinct = pc.count_distinct(keys).as_py()

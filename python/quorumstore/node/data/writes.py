@@ -30,6 +30,7 @@ from quorumstore.storage.reads import byte_bounded_runs
 from quorumstore.storage.results import EntryResult
 from quorumstore.storage.serials import decode_serial_record, serial_key
 from quorumstore.storage.write_batch import (
+    InvalidBatchError,
     Staging,
     StagingKind,
     WriteBatchBuilder,
@@ -120,7 +121,10 @@ class ArrowWrites:
         check_rows(rows, request.unique_keys)
         payload = None
         if rows.nbytes <= self._max_entry_bytes:
-            payload = await self._run(write_payload, rows, self._node.now_ms(), origin, replace)
+            try:
+                payload = await self._run(write_payload, rows, self._node.now_ms(), origin, replace)
+            except InvalidBatchError as e:
+                raise invalid(f"shard {ns}/{shard}: {e}") from None
             if len(payload) > self._max_entry_bytes:
                 payload = None
         if payload is None and rows.nbytes > MAX_WRITE_BYTES:
@@ -144,6 +148,8 @@ class ArrowWrites:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION, f"shard {ns}/{shard}: {e}", e.leader_hint
             ) from None
+        if result.invalid is not None:  # proposed despite the checks above: a bug
+            raise invalid(f"shard {ns}/{shard}: {result.invalid}")
         if result.refused is not None:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION,

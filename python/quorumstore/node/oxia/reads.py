@@ -1,15 +1,20 @@
 """Answers to Read, List and RangeScan from a shard's committed state.
 
+Reads are linearizable: the leader reads its KV only after a read barrier (see
+`ShardHost.read_barrier`) proved that it still led after the read arrived.
 A streamed answer is cut into responses of at most `max_response_items` items or about
 `max_response_bytes` bytes of keys and values, whichever comes first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
+from quorumstore.node.oxia.errors import not_leader
+from quorumstore.node.oxia.routing import ShardHostApi
 from quorumstore.proto import oxia_client_pb2 as pb
+from quorumstore.protocol.replica import NotLeaderError
 from quorumstore.storage.reads import KeyComparison, ShardReader
 from quorumstore.storage.records import Record
 
@@ -83,6 +88,16 @@ def _get_response(reader: ShardReader, get: pb.GetRequest) -> pb.GetResponse:
     return _record_response(key, record, get.include_value, get.comparison_type != pb.EQUAL)
 
 
+async def _linearizable_reader(host: ShardHostApi, shard: int) -> ShardReader:
+    """The leader's committed state once its read barrier has passed; not-leader as Oxia
+    says it when the replica was deposed (the client retries at the new leader)."""
+    try:
+        await host.read_barrier()
+    except NotLeaderError as e:
+        raise not_leader(shard, e.leader_hint) from e
+    return host.reader()
+
+
 class Reads:
     """The answers of a shard's leader to checked reads, cut into responses."""
 
@@ -90,17 +105,23 @@ class Reads:
         self._max_items = max_response_items
         self._max_bytes = max_response_bytes
 
-    def read(self, reader: ShardReader, gets: Sequence[pb.GetRequest]) -> Iterator[pb.ReadResponse]:
+    async def read(
+        self, host: ShardHostApi, shard: int, gets: Sequence[pb.GetRequest]
+    ) -> AsyncGenerator[pb.ReadResponse, None]:
+        reader = await _linearizable_reader(host, shard)
         responses = (_get_response(reader, get) for get in gets)
         for chunk in _chunks(responses, lambda r: len(r.value), self._max_items, self._max_bytes):
             yield pb.ReadResponse(gets=chunk)
 
-    def list(self, reader: ShardReader, request: pb.ListRequest) -> Iterator[pb.ListResponse]:
+    async def list(
+        self, host: ShardHostApi, request: pb.ListRequest
+    ) -> AsyncGenerator[pb.ListResponse, None]:
         """Keys in [start, end) in hierarchical order; an empty end means unbounded.
 
         Through a secondary index, the range is over secondary keys and the answer is
         the primary keys, by secondary key.
         """
+        reader = await _linearizable_reader(host, request.shard)
         if request.HasField("secondary_index_name"):
             keys = reader.list_by_index(
                 request.secondary_index_name, request.start_inclusive, request.end_exclusive
@@ -110,15 +131,16 @@ class Reads:
         for chunk in _chunks(keys, len, self._max_items, self._max_bytes):
             yield pb.ListResponse(keys=chunk)
 
-    def range_scan(
-        self, reader: ShardReader, request: pb.RangeScanRequest
-    ) -> Iterator[pb.RangeScanResponse]:
+    async def range_scan(
+        self, host: ShardHostApi, request: pb.RangeScanRequest
+    ) -> AsyncGenerator[pb.RangeScanResponse, None]:
         """Records in [start, end) in hierarchical order; an empty end means unbounded.
 
         Through a secondary index, as for List, and each record also names the
         secondary key it was found by (`secondary_index_key`, which Oxia sets on
         index gets), so that a client can merge the shards' streams in index order.
         """
+        reader = await _linearizable_reader(host, request.shard)
         records: Iterator[pb.GetResponse]
         if request.HasField("secondary_index_name"):
             records = self._by_index(reader, request)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -22,6 +22,9 @@ from quorumstore.storage.reads import ShardReader
 from quorumstore.storage.results import EntryResult
 from quorumstore.wire.metadata import LEADER_HINT_METADATA_KEY, Routing
 from quorumstore.wire.status import OxiaCode
+
+#: How often a relayed call waiting on a leader looks again whether it has changed.
+_RECHECK_S = 0.1
 
 
 class ShardDirectory(Protocol):
@@ -63,6 +66,11 @@ class ShardHostApi(Protocol):
         first suspension, so the writes of one WriteStream, started in request order,
         are applied in request order. Raises NotLeaderError when not the leader.
         """
+        ...
+
+    async def read_barrier(self) -> None:
+        """Returns once a read of `reader()` is linearizable (see `ShardHost.read_barrier`).
+        Raises NotLeaderError when not the leader, or deposed meanwhile."""
         ...
 
     def reader(self) -> ShardReader:
@@ -128,6 +136,11 @@ class Router:
         self._indexed_table: replication_pb2.ShardAssignmentsUpdate | None = None
         self._index: dict[int, tuple[str, str]] = {}
 
+    @property
+    def name(self) -> str:
+        """This node's client address."""
+        return self.directory.name
+
     async def assignments(
         self, namespace: str, context: grpc.aio.ServicerContext
     ) -> AsyncGenerator[pb.ShardAssignments, None]:
@@ -165,20 +178,54 @@ class Router:
             raise invalid(f"unknown shard {request_shard}: it is in no namespace of this cluster")
         return (request_shard, *located)
 
-    def leader_host(self, request_shard: int | None) -> ShardHostApi:
-        """The leader replica of the named shard on this node, or the error to return."""
+    def _leader(self, request_shard: int | None) -> tuple[int, ShardHostApi | None, str | None]:
+        """(shard, its replica here if any, its leader's address as this node sees it:
+        its own name when it leads, None while no leader is known)."""
         shard, namespace, table_leader = self._locate(request_shard)
         host = self.directory.shard_host(namespace, shard)
         if host is None:
-            raise not_leader(shard, table_leader or None)
-        if not host.is_leader():
-            raise not_leader(shard, host.leader_hint())
+            return shard, None, table_leader or None
+        if host.is_leader():
+            return shard, host, self.directory.name
+        return shard, host, host.leader_hint()
+
+    def leader_host(self, request_shard: int | None) -> ShardHostApi:
+        """The leader replica of the named shard on this node, or the error to return."""
+        shard, host, leader = self._leader(request_shard)
+        if host is None or not host.is_leader():
+            raise not_leader(shard, leader)
         return host
+
+    def leader_address(self, shard: int) -> str | None:
+        """The shard's leader as this node sees it now (see `_leader`)."""
+        return self._leader(shard)[2]
+
+    async def leader_change(self, shard: int, address: str | None) -> None:
+        """Returns once this node sees another leader than `address` for the shard (None:
+        none known). It wakes on a new routing table and on a new role, term or applied
+        entry of the replica here, and looks again every `_RECHECK_S`, because a follower
+        learns a new term's leader from its first append, which signals nothing."""
+        while True:
+            table_version = self.directory.assignments().version
+            _, host, leader = self._leader(shard)
+            if leader != address:
+                return
+            wakers: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(self.directory.assignments_changed(table_version))
+            ]
+            if host is not None:
+                wakers.append(asyncio.ensure_future(host.changes().wait()))
+            try:
+                await asyncio.wait(wakers, timeout=_RECHECK_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waker in wakers:
+                    waker.cancel()
 
     def route(
         self, request_shard: int | None, context: grpc.aio.ServicerContext
     ) -> ShardHostApi | str:
-        """The shard's leader replica here, or in gateway mode the address to relay to."""
+        """The shard's leader replica here, or in gateway mode the address to relay to
+        (`relay.UNKNOWN_LEADER` during an election: the relay waits for its leader)."""
         try:
             return self.leader_host(request_shard)
         except RequestError as refused:
@@ -189,9 +236,9 @@ class Router:
             except ValueError as e:
                 raise invalid(str(e)) from None
             hint = dict(refused.trailing_metadata).get(LEADER_HINT_METADATA_KEY)
-            if not may_relay or not hint or hint == self.directory.name:
+            if not may_relay or hint == self.directory.name:
                 raise
-            return hint
+            return hint or relay.UNKNOWN_LEADER
 
     def hosts(self) -> list[tuple[int, ShardHostApi]]:
         """(shard, replica) of every shard in the routing table hosted here."""

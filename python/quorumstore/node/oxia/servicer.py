@@ -10,7 +10,7 @@ layer; Oxia's error behaviour is in `errors.py`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ from quorumstore.node.oxia.reads import (
     DEFAULT_MAX_RESPONSE_ITEMS,
     Reads,
 )
-from quorumstore.node.oxia.relay import Relays
+from quorumstore.node.oxia.relay import DEFAULT_RELAY_TIMEOUT_MS, LeaderHere, Relays
 from quorumstore.node.oxia.routing import Router, ShardDirectory, ShardHostApi
 from quorumstore.node.oxia.sessions import DEFAULT_SESSION_CHECK_INTERVAL_S, Sessions, monotonic_ms
 from quorumstore.node.oxia.streams import DEFAULT_STREAM_RECHECK_INTERVAL_S, ChangeStreams
@@ -60,6 +60,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         session_check_interval_s: float = DEFAULT_SESSION_CHECK_INTERVAL_S,
         stream_recheck_interval_s: float = DEFAULT_STREAM_RECHECK_INTERVAL_S,
         session_clock_ms: Callable[[], int] = monotonic_ms,
+        relay_timeout_s: float = DEFAULT_RELAY_TIMEOUT_MS / 1000,
     ) -> None:
         limits = {
             "max_key_bytes": max_key_bytes,
@@ -75,7 +76,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 raise ValueError(f"{name} must be positive, got {value}")
         self._max_inflight_stream_writes = max_inflight_stream_writes
         self._router = Router(directory)
-        self._relays = Relays()
+        self._relays = Relays(self._router, relay_timeout_s)
         self._validator = Validator(max_key_bytes, max_value_bytes)
         self._writes = Writes(self._router, self._relays, self._validator)
         self._reads = Reads(max_response_items, max_response_bytes)
@@ -87,6 +88,19 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         self._sessions.close()
         await self._relays.close()
 
+    async def _unary(
+        self, answer: Callable[[], Awaitable[_T]], context: grpc.aio.ServicerContext
+    ) -> _T:
+        """A unary call's answer; answered again (here, as it routes now) when its relay
+        finds that this node has come to lead the shard."""
+        while True:
+            try:
+                return await answer()
+            except LeaderHere:
+                continue
+            except RequestError as e:
+                await e.abort(context)
+
     async def _streamed(
         self,
         method: str,
@@ -97,16 +111,20 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         answer: Callable[[ShardHostApi], AsyncGenerator[_T, None] | Iterator[_T]],
     ) -> AsyncGenerator[_T, None]:
         """A server-streaming call: routed, checked, then relayed to the leader in gateway
-        mode or answered here by `answer` from the shard's leader replica."""
+        mode or answered here by `answer` from the shard's leader replica (also when its
+        relay finds that this node has come to lead the shard)."""
         try:
             target = self._router.route(shard, context)
             check()
-            if isinstance(target, str):
+            while isinstance(target, str):
                 relayed = self._relays.stream(target, method, request, request.shard)
-                async with aclosing(relayed):
-                    async for response in relayed:
-                        yield response
-                return
+                try:
+                    async with aclosing(relayed):
+                        async for response in relayed:
+                            yield response
+                    return
+                except LeaderHere:
+                    target = self._router.route(shard, context)
             answers = answer(target)
             if isinstance(answers, Iterator):
                 for response in answers:
@@ -136,10 +154,9 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
     async def Write(
         self, request: pb.WriteRequest, context: grpc.aio.ServicerContext
     ) -> pb.WriteResponse:
-        try:
-            return await self._writes.write(request, context, origin(context))
-        except RequestError as e:
-            await e.abort(context)
+        return await self._unary(
+            lambda: self._writes.write(request, context, origin(context)), context
+        )
 
     async def WriteStream(
         self, request_iterator: AsyncIterator[pb.WriteRequest], context: grpc.aio.ServicerContext
@@ -162,7 +179,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             request.shard if request.HasField("shard") else None,
             context,
             lambda: self._validator.check_gets(request.gets),
-            lambda host: self._reads.read(host.reader(), request.gets),
+            lambda host: self._reads.read(host, request.shard, request.gets),
         )
         async with aclosing(responses):
             async for response in responses:
@@ -177,7 +194,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             request.shard if request.HasField("shard") else None,
             context,
             lambda: self._validator.check_scan(request),
-            lambda host: self._reads.list(host.reader(), request),
+            lambda host: self._reads.list(host, request),
         )
         async with aclosing(responses):
             async for response in responses:
@@ -192,7 +209,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
             request.shard if request.HasField("shard") else None,
             context,
             lambda: self._validator.check_scan(request),
-            lambda host: self._reads.range_scan(host.reader(), request),
+            lambda host: self._reads.range_scan(host, request),
         )
         async with aclosing(responses):
             async for response in responses:
@@ -203,7 +220,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateSessionResponse:
-        try:
+        async def answer() -> pb.CreateSessionResponse:
             target = self._router.route(request.shard, context)
             self._validator.check_create_session(request)
             if isinstance(target, str):
@@ -211,34 +228,34 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                     target, "CreateSession", request, request.shard, context
                 )
             return await self._sessions.create(target, request)
-        except RequestError as e:
-            await e.abort(context)
+
+        return await self._unary(answer, context)
 
     async def KeepAlive(
         self, request: pb.SessionHeartbeat, context: grpc.aio.ServicerContext
     ) -> pb.KeepAliveResponse:
-        try:
+        async def answer() -> pb.KeepAliveResponse:
             target = self._router.route(request.shard, context)
             if isinstance(target, str):
                 return await self._relays.unary(
                     target, "KeepAlive", request, request.shard, context
                 )
             return self._sessions.keep_alive(target, request)
-        except RequestError as e:
-            await e.abort(context)
+
+        return await self._unary(answer, context)
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.CloseSessionResponse:
-        try:
+        async def answer() -> pb.CloseSessionResponse:
             target = self._router.route(request.shard, context)
             if isinstance(target, str):
                 return await self._relays.unary(
                     target, "CloseSession", request, request.shard, context
                 )
             return await self._sessions.close_session(target, request)
-        except RequestError as e:
-            await e.abort(context)
+
+        return await self._unary(answer, context)
 
     # --------------------------------------------------- streams of changes
 

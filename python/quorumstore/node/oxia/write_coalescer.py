@@ -172,7 +172,12 @@ class WriteCoalescer(Generic[T]):
             for queued in group:
                 if not queued.future.done():
                     mine = result.results[start : start + queued.ops]
-                    queued.future.set_result(EntryResult(result.offset, mine, result.duplicate))
+                    # An entry that could not be applied at all has no per-op results:
+                    # every caller learns why.
+                    invalid = result.invalid if not result.results else None
+                    queued.future.set_result(
+                        EntryResult(result.offset, mine, result.duplicate, invalid=invalid)
+                    )
                 start += queued.ops
         finally:
             self._inflight -= 1

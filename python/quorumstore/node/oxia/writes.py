@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import grpc
 import pyarrow as pa
 
-from quorumstore.node.oxia.errors import RequestError, not_leader
+from quorumstore.node.oxia.errors import RequestError, invalid, not_leader
 from quorumstore.node.oxia.plain_puts import PlainPuts
 from quorumstore.node.oxia.reads import fill_version
 from quorumstore.node.oxia.relay import Relays
@@ -54,8 +54,23 @@ def write_response(request: pb.WriteRequest, result: EntryResult) -> pb.WriteRes
                     else ", and a later serial has completed since: its result is no longer kept"
                 ),
             )
+        if result.invalid is not None:  # no write batch: proposed below the checks, a bug
+            raise invalid(f"the write could not be applied: {result.invalid}")
         raise RuntimeError(
             f"entry {result.offset} returned {len(results)} results for {expected} operations"
+        )
+    if any(r.status is Status.INVALID_OP for r in results):
+        at = next(i for i, r in enumerate(results) if r.status is Status.INVALID_OP)
+        field = (
+            f"puts[{at}]"
+            if at < n_puts
+            else f"deletes[{at - n_puts}]"
+            if at < n_puts + n_deletes
+            else f"delete_ranges[{at - n_puts - n_deletes}]"
+        )
+        raise invalid(
+            f"{field} could not be applied (entry {result.offset} holds an op no replica can "
+            "apply); the write's other operations were applied as usual"
         )
     response = pb.WriteResponse(
         deletes=[
