@@ -2,8 +2,9 @@
 # Installs quorumstore as a user gets it and runs it with no checkout in sight: builds the
 # wheel (the state-store jar included), installs it with the `spark` extra only into an
 # empty virtual environment, then, from a temporary directory, runs the main job
-# (`quorumstore demo`) and a DataFrame write and read through the `quorumstore` format
-# that rely on its automatic registration (no quorumstore import) against a
+# (`quorumstore demo`) and a DataFrame write and read, a change-feed readStream and a
+# writeStream through the `quorumstore` format, relying on its automatic registration
+# (no quorumstore import), against a
 # `quorumstore standalone` server. Fails on any undeclared dependency or any file taken
 # from the checkout.
 set -euo pipefail
@@ -106,7 +107,7 @@ quorumstore demo --base-port "$(free_ports 3)" --work-dir "$work/demo" 2>"$work/
 grep -q "streaming query finished: 3 micro-batches, state kept in quorumstore" "$work/demo.out"
 grep -qE '^\|/clicks/ada *\|3 ' "$work/demo.out"
 
-step "spark.read.format(\"quorumstore\") with no quorumstore import, against quorumstore standalone"
+step "format(\"quorumstore\") with no quorumstore import (read, write, readStream, writeStream), against quorumstore standalone"
 port="$(free_ports 1)"
 quorumstore standalone --shards 2 --port "$port" --data-dir "$work/standalone" >"$work/standalone.log" 2>&1 &
 server_pid=$!
@@ -142,6 +143,45 @@ read = (
 read.show()
 assert [tuple(r) for r in read.collect()] == rows, read.collect()
 print(f"read {len(rows)} rows back through format('quorumstore')")
+
+# The change feed (readStream) and a streaming sink (writeStream), still with no import.
+feed = (
+    spark.readStream.format("quorumstore")
+    .option("address", address)
+    .option("startingOffsets", "earliest")
+    .load()
+    .writeStream.format("memory")
+    .queryName("feed")
+    .option("checkpointLocation", "checkpoints/feed")
+    .trigger(availableNow=True)
+    .start()
+)
+feed.awaitTermination(300)
+changes = spark.sql("select key from feed where key like '/fresh/%'").count()
+assert changes == len(rows), changes
+print(f"readStream: {changes} changes from the change feed")
+(
+    spark.createDataFrame([(f"/streamed/{i}", str(i)) for i in range(4)], "key string, value string")
+    .write.format("parquet")
+    .save("streamed-input")
+)
+query = (
+    spark.readStream.schema("key string, value string")
+    .parquet("streamed-input")
+    .writeStream.format("quorumstore")
+    .option("address", address)
+    .option("valueFormat", "string")
+    .option("checkpointLocation", "checkpoints/sink")
+    .trigger(availableNow=True)
+    .start()
+)
+query.awaitTermination(300)
+streamed = (
+    spark.read.format("quorumstore").option("address", address).load()
+    .where("key like '/streamed/%'").count()
+)
+assert streamed == 4, streamed
+print(f"writeStream: {streamed} rows written through the streaming sink")
 spark.stop()
 EOF
 "$venv_python" read_back.py "127.0.0.1:$port" 2>"$work/read_back.log" || { tail -40 "$work/read_back.log"; exit 1; }
