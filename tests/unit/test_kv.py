@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -303,7 +304,12 @@ def test_stores_under_one_memory_budget_flush_to_stay_within_it(
     sst_files = sorted(tmp_path.glob("kv*/*.sst"))
     if memory is not None:
         assert sst_files, "nothing was flushed under the budget"
-        assert memory.write_buffers.get_usage() <= memory.budget_bytes
+        # Flushes run on RocksDB's background threads (writes do not stall for them), so
+        # the memtables come back within the budget once the flushes under way end.
+        deadline = time.monotonic() + 30
+        while memory.write_buffers.get_usage() > memory.budget_bytes:
+            assert time.monotonic() < deadline, memory.write_buffers.get_usage()
+            time.sleep(0.05)
     else:
         assert sst_files == []
     for i, store in enumerate(stores):
