@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from leader_and_follower import leader_and_follower
 from quorumstore.node.data_format import REPLICATION_METADATA
 from quorumstore.node.node import Node, NodeConfig
 from quorumstore.proto import replication_pb2 as pb
@@ -85,35 +86,11 @@ def test_acks_read_by_the_leader_are_no_longer_in_transit(tmp_path: Path) -> Non
 
 
 async def _leader_scenario(data_dir: Path, writes: int) -> None:
-    leader = Node(NodeConfig(data_dir / "a", port=0))
-    follower = Node(NodeConfig(data_dir / "b", port=0))
-    nodes = [await leader.start(), await follower.start()]
-    internal = [leader.internal_address, follower.internal_address]
-    leader.transport.set_internal_addresses(dict(zip(nodes, internal, strict=True)))
-    try:
-        for address in internal:
-            async with grpc.aio.insecure_channel(address) as channel:
-                await pb_grpc.NodeControlStub(channel).NewTerm(
-                    pb.NewTermRequest(namespace=SHARD[0], shard=SHARD[1], term=1), timeout=10
-                )
-        async with grpc.aio.insecure_channel(internal[0]) as channel:
-            await pb_grpc.NodeControlStub(channel).BecomeLeader(
-                pb.BecomeLeaderRequest(
-                    namespace=SHARD[0],
-                    shard=SHARD[1],
-                    term=1,
-                    replication_factor=2,  # each write commits on the follower's Ack
-                    follower_map={nodes[1]: wire.position_to_pb(EMPTY_POSITION)},
-                ),
-                timeout=10,
-            )
+    async with leader_and_follower(data_dir, SHARD) as (leader, _):
         host = leader.hosts[SHARD]
         for i in range(writes):
             result = await asyncio.wait_for(host.write(_put(f"/k{i}")), 10)
             assert result.results and result.results[0].version is not None
-    finally:
-        await follower.stop()
-        await leader.stop()
 
 
 def test_a_leader_prepares_while_its_appends_wait_for_acks(

@@ -7,19 +7,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import grpc
 import pyarrow as pa
 import pytest
 
+from leader_and_follower import leader_and_follower
 from quorumstore.arrow.ipc import ipc_bytes
-from quorumstore.node.data_format import REPLICATION_METADATA
-from quorumstore.node.node import Node, NodeConfig
-from quorumstore.proto import replication_pb2 as pb
-from quorumstore.proto import replication_pb2_grpc as pb_grpc
-from quorumstore.protocol.types import EMPTY_POSITION
 from quorumstore.storage.results import Status
 from quorumstore.storage.write_batch import SCHEMA, TIMESTAMP_KEY, Op, WriteBatchBuilder
-from quorumstore.wire import replication as wire
 
 pytestmark = pytest.mark.integration
 
@@ -42,31 +36,7 @@ def _put(key: str) -> bytes:
 
 
 async def _scenario(data_dir: Path) -> None:
-    leader = Node(NodeConfig(data_dir / "a", port=0))
-    follower = Node(NodeConfig(data_dir / "b", port=0))
-    nodes = [await leader.start(), await follower.start()]
-    internal = [leader.internal_address, follower.internal_address]
-    leader.transport.set_internal_addresses(dict(zip(nodes, internal, strict=True)))
-    try:
-        for address in internal:
-            async with grpc.aio.insecure_channel(address) as channel:
-                await pb_grpc.NodeControlStub(channel).NewTerm(
-                    pb.NewTermRequest(namespace=SHARD[0], shard=SHARD[1], term=1),
-                    metadata=REPLICATION_METADATA,
-                    timeout=10,
-                )
-        async with grpc.aio.insecure_channel(internal[0]) as channel:
-            await pb_grpc.NodeControlStub(channel).BecomeLeader(
-                pb.BecomeLeaderRequest(
-                    namespace=SHARD[0],
-                    shard=SHARD[1],
-                    term=1,
-                    replication_factor=2,  # each write commits on the follower's Ack
-                    follower_map={nodes[1]: wire.position_to_pb(EMPTY_POSITION)},
-                ),
-                metadata=REPLICATION_METADATA,
-                timeout=10,
-            )
+    async with leader_and_follower(data_dir, SHARD) as (leader, follower):
         host = leader.hosts[SHARD]
         poisoned = await asyncio.wait_for(host.write(_not_utf8_key()), 10)
         assert [r.status for r in poisoned.results] == [Status.INVALID_OP]
@@ -85,9 +55,6 @@ async def _scenario(data_dir: Path) -> None:
         assert following.applied_position.offset == after.offset
         assert following.state_digest() == host.machine.state_digest()
         assert following.get("/after") is not None
-    finally:
-        await follower.stop()
-        await leader.stop()
 
 
 def test_a_committed_entry_no_replica_can_apply_is_an_error_result(tmp_path: Path) -> None:

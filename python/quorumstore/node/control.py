@@ -7,8 +7,8 @@ checked (`control_checks.py`) before it reaches a replica or creates a directory
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-from typing import NoReturn, Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -64,10 +64,14 @@ async def await_reply(
         )
 
 
-async def refuse_invalid(
-    context: grpc.aio.ServicerContext, error: checks.InvalidControl
-) -> NoReturn:
-    await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"refused: {error}")
+async def enforce(
+    context: grpc.aio.ServicerContext, check: Callable[..., None], *args: Any
+) -> None:
+    """Runs a message check; a message that fails it is refused with INVALID_ARGUMENT."""
+    try:
+        check(*args)
+    except checks.InvalidControl as e:
+        await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"refused: {e}")
 
 
 class NodeControl(pb_grpc.NodeControlServicer):
@@ -80,10 +84,7 @@ class NodeControl(pb_grpc.NodeControlServicer):
     async def NewTerm(
         self, request: pb.NewTermRequest, context: grpc.aio.ServicerContext
     ) -> pb.NewTermResponse:
-        try:
-            checks.check_new_term(request)
-        except checks.InvalidControl as e:
-            await refuse_invalid(context, e)
+        await enforce(context, checks.check_new_term, request)
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard) or self.node.open_host(shard)
         reply = self.node.transport.expect(NewTermResponse, shard)
@@ -94,10 +95,7 @@ class NodeControl(pb_grpc.NodeControlServicer):
     async def BecomeLeader(
         self, request: pb.BecomeLeaderRequest, context: grpc.aio.ServicerContext
     ) -> pb.BecomeLeaderResponse:
-        try:
-            checks.check_become_leader(request, self.node.name)
-        except checks.InvalidControl as e:
-            await refuse_invalid(context, e)
+        await enforce(context, checks.check_become_leader, request, self.node.name)
         shard = (request.namespace, request.shard)
         host = self.node.hosts.get(shard)
         if host is None:
@@ -114,10 +112,7 @@ class NodeControl(pb_grpc.NodeControlServicer):
     async def AddFollower(
         self, request: pb.AddFollowerRequest, context: grpc.aio.ServicerContext
     ) -> pb.AddFollowerResponse:
-        try:
-            checks.check_add_follower(request, self.node.name)
-        except checks.InvalidControl as e:
-            await refuse_invalid(context, e)
+        await enforce(context, checks.check_add_follower, request, self.node.name)
         self.node.deliver((request.namespace, request.shard), wire.add_follower_from_pb(request))
         return pb.AddFollowerResponse()
 
@@ -145,20 +140,14 @@ class NodeControl(pb_grpc.NodeControlServicer):
     ) -> AsyncIterator[pb.HealthReport]:
         async for ping in request_iterator:
             if ping.internal_addresses:
-                try:
-                    checks.check_internal_addresses(ping.internal_addresses)
-                except checks.InvalidControl as e:
-                    await refuse_invalid(context, e)
+                await enforce(context, checks.check_internal_addresses, ping.internal_addresses)
                 self.node.transport.set_internal_addresses(dict(ping.internal_addresses))
             yield self.node.health_report(ping.ping_sequence)
 
     async def PushShardAssignments(
         self, request: pb.ShardAssignmentsUpdate, context: grpc.aio.ServicerContext
     ) -> pb.Empty:
-        try:
-            checks.check_assignments(request)
-        except checks.InvalidControl as e:
-            await refuse_invalid(context, e)
+        await enforce(context, checks.check_assignments, request)
         coordinator = dict(context.invocation_metadata() or ()).get(COORDINATOR_METADATA_KEY, "")
         self.node.set_assignments(request, str(coordinator))
         return pb.Empty()

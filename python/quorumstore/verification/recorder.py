@@ -15,6 +15,7 @@ have taken effect, or may still.
 
 from __future__ import annotations
 
+import abc
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -99,7 +100,7 @@ def text(value: bytes | str | None) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", "surrogateescape")
 
 
-class _RecordingClient:
+class _RecordingClient(abc.ABC):
     """Logs each call of one worker; subclasses say how their client is called and what
     its exceptions mean."""
 
@@ -107,9 +108,10 @@ class _RecordingClient:
         self.recorder = recorder
         self.process = process
 
+    @abc.abstractmethod
     def _definite_error(self, error: Exception) -> str | None:
         """The error's name if it means the operation did not take effect, else None."""
-        raise NotImplementedError
+        ...
 
     def _record(
         self, call: Callable[[], dict[str, Any]], kind: Kind, key: str, **args: Any
@@ -145,17 +147,17 @@ class _RecordingClient:
             lambda: {"records": tuple(self._scan(start, end))}, Kind.SCAN, start, end_key=end
         )
 
-    def _put(self, key: str, value: str, expected_version_id: int | None) -> Version:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _put(self, key: str, value: str, expected_version_id: int | None) -> Version: ...
 
-    def _get(self, key: str) -> Record:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _get(self, key: str) -> Record: ...
 
-    def _delete(self, key: str) -> bool:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _delete(self, key: str) -> bool: ...
 
-    def _scan(self, start: str, end: str) -> Iterable[Record]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _scan(self, start: str, end: str) -> Iterable[Record]: ...
 
 
 _OUR_DEFINITE: dict[type[Exception], str] = {
