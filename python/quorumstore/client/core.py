@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar
 
 from quorumstore.client.arguments import check_key, check_str
 from quorumstore.client.batcher import Batcher, BatchLimits
@@ -27,6 +27,8 @@ from quorumstore.client.sequences import SequenceSubscription
 from quorumstore.client.sessions import ShardSessions, check_session_timeout
 from quorumstore.client.writes import WriteOp, WriteSender
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
+
+_Op = TypeVar("_Op")
 
 #: Oxia clients' default session timeout.
 DEFAULT_SESSION_TIMEOUT_MS = 30_000
@@ -122,6 +124,20 @@ class ClientCore:
             self._caller, self._session_timeout_ms, self.client_identifier
         )
         return self
+
+    def _shard_batcher(
+        self,
+        batchers: dict[int, Batcher[_Op]],
+        send: Callable[[int, list[_Op], int], Coroutine[Any, Any, None]],
+        shard: int,
+    ) -> Batcher[_Op]:
+        """The shard's batcher of one kind, made on its first operation."""
+        batcher = batchers.get(shard)
+        if batcher is None:
+            batcher = batchers[shard] = Batcher(
+                lambda ops, lane: send(shard, ops, lane), self._limits
+            )
+        return batcher
 
     async def close(self) -> None:
         """Sends what is queued, waits for in-flight batches, closes the sessions

@@ -39,13 +39,8 @@ class ReadApi(ClientCore):
     """`AsyncClient`'s reads."""
 
     def _read_batcher(self, shard: int) -> Batcher[GetOp]:
-        batcher = self._read_batchers.get(shard)
-        if batcher is None:
-            assert self._reader is not None
-            send = self._reader.send
-            batcher = Batcher(lambda ops, lane: send(shard, ops, lane), self._limits)
-            self._read_batchers[shard] = batcher
-        return batcher
+        assert self._reader is not None
+        return self._shard_batcher(self._read_batchers, self._reader.send, shard)
 
     def submit_get(
         self,

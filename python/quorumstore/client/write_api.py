@@ -44,13 +44,8 @@ class WriteApi(ClientCore):
     """`AsyncClient`'s writes."""
 
     def _write_batcher(self, shard: int) -> Batcher[WriteOp]:
-        batcher = self._write_batchers.get(shard)
-        if batcher is None:
-            assert self._writer is not None
-            send = self._writer.send
-            batcher = Batcher(lambda ops, lane: send(shard, ops, lane), self._limits)
-            self._write_batchers[shard] = batcher
-        return batcher
+        assert self._writer is not None
+        return self._shard_batcher(self._write_batchers, self._writer.send, shard)
 
     def submit_put(
         self,
