@@ -45,6 +45,7 @@ from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.testing import official_oxia_client
 from quorumstore.wire.auth import ClusterSecret
+from quorumstore.wire.tls import TlsConfig, open_channel
 
 T = TypeVar("T")
 
@@ -256,8 +257,15 @@ class LocalCluster:
         host: str = "127.0.0.1",
         node_args: Sequence[str] = (),
         coordinator_args: Sequence[str] = (),
+        public_tls: TlsConfig | None = None,
+        internal_tls: TlsConfig | None = None,
     ):
+        """`public_tls` and `internal_tls` are how the harness itself dials the status
+        port and the nodes' internal ports, when `node_args` and `coordinator_args` give
+        them TLS."""
         self.root = root
+        self._public_tls = public_tls
+        self._internal_tls = internal_tls
         self.shards = shards
         self.replication_factor = replication_factor
         self.host = host
@@ -447,7 +455,9 @@ class LocalCluster:
     def _channel(self, address: str) -> grpc.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.insecure_channel(address)
+            internal = address in self.internal.values()
+            tls = self._internal_tls if internal else self._public_tls
+            channel = open_channel(address, [], tls)
             self._channels[address] = channel
         return channel
 

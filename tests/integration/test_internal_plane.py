@@ -276,6 +276,36 @@ def test_a_new_coordinator_replaces_assignments_whatever_their_version(tmp_path:
     asyncio.run(scenario())
 
 
+def test_a_term_no_coordinator_issued_does_not_fence_the_shard_for_good(
+    tmp_path: Path,
+) -> None:
+    """A member fences the shard's only replica in term 10^15: the coordinator, seeing the
+    replica in a term above its own, elects in a term above that, and the shard serves
+    again with every key."""
+
+    async def scenario() -> None:
+        async with standalone(tmp_path / "qs") as server:
+            async with grpc.aio.insecure_channel(server.node.internal_address) as channel:
+                await pb_grpc.NodeControlStub(channel).NewTerm(
+                    pb.NewTermRequest(namespace="default", shard=0, term=10**15),
+                    metadata=server.secret.metadata,
+                    timeout=5,
+                )
+            assert server.coordinator.engine is not None
+
+            async def past_the_forged_term() -> None:
+                while True:
+                    (meta,) = server.coordinator.engine.metadata.shards.values()  # type: ignore[union-attr]
+                    if meta.term > 10**15 and meta.state is ShardState.ONLINE:
+                        return
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(past_the_forged_term(), 20)
+            await _assert_unharmed(server)
+
+    asyncio.run(scenario())
+
+
 async def _until_version_below(node: Node, version: int) -> None:
     while node.assignments().version >= version:
         await asyncio.sleep(0.02)
@@ -359,7 +389,7 @@ def test_secret_files_must_be_private_and_well_formed(tmp_path: Path) -> None:
 def test_a_node_refuses_to_listen_beyond_loopback_without_a_secret(tmp_path: Path) -> None:
     async def scenario() -> None:
         node = Node(NodeConfig(tmp_path / "node", host="0.0.0.0", advertise_host="10.1.2.3"))
-        with pytest.raises(SecretError, match="without a cluster secret"):
+        with pytest.raises(SecretError, match="nothing to tell members of the cluster"):
             await node.start()
 
     asyncio.run(scenario())

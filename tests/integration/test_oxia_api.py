@@ -29,6 +29,7 @@ from test_client_api import (
 
 from quorumstore import AsyncClient
 from quorumstore.client.notifications import Notification
+from quorumstore.node.limits import RequestLimits
 from quorumstore.node.oxia import notifications as notifications_module
 from quorumstore.node.oxia.errors import RequestError
 from quorumstore.node.oxia.notifications import BATCH_NOTIFICATIONS, notification_batches
@@ -63,7 +64,9 @@ def clock() -> Clock:
 
 @pytest.fixture
 def cluster(tmp_path: Path, clock: Clock) -> Iterator[Cluster]:
-    c = Cluster(kv_factory("memory", tmp_path), session_clock_ms=clock, **FAST)
+    # The notification tests make one entry of 20,000 keys with one write.
+    bulk = RequestLimits(max_ops_per_request=20_000)
+    c = Cluster(kv_factory("memory", tmp_path), session_clock_ms=clock, request_limits=bulk, **FAST)
     yield c
     c.close()
 

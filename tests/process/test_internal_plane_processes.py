@@ -161,5 +161,5 @@ def test_a_node_refuses_to_listen_beyond_loopback_without_a_secret(tmp_path: Pat
         str(tmp_path / "node"),
     )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "without a cluster secret" in result.stderr
+    assert "nothing to tell members of the cluster from strangers" in result.stderr
     assert "Traceback" not in result.stderr

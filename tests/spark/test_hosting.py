@@ -42,6 +42,7 @@ from quorumstore.spark.config import HostingConfig
 from quorumstore.spark.hosting import coordinator_config
 from quorumstore.spark.slots import current_slots
 from quorumstore.wire.auth import ClusterSecret
+from quorumstore.wire.certificates import CertificateAuthority
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,16 +128,16 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
 
 def test_the_failure_timeout_reaches_the_coordinator_in_ticks() -> None:
     """Spark's duration forms; the coordinator counts whole ticks of 100 ms, rounding up."""
-    secret = ClusterSecret.generate()
-    assert coordinator_config(HostingConfig.resolve({}), secret).node_failure_ticks == 5
+    secret, ca = ClusterSecret.generate(), CertificateAuthority.create()
+    assert coordinator_config(HostingConfig.resolve({}), secret, ca).node_failure_ticks == 5
     durations = {"2s": 20, "750ms": 8, "3": 30, " 0.25S ": 3}
     for text, ticks in durations.items():
         config = HostingConfig.resolve({"spark.quorumstore.failureTimeout": text})
-        assert coordinator_config(config, secret).node_failure_ticks == ticks, text
+        assert coordinator_config(config, secret, ca).node_failure_ticks == ticks, text
     overridden = HostingConfig.resolve(
         {"spark.quorumstore.failureTimeout": "2s"}, failure_timeout_s=1
     )
-    assert coordinator_config(overridden, secret).failure_timeout_ms == 1000
+    assert coordinator_config(overridden, secret, ca).failure_timeout_ms == 1000
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ from quorumstore.client.errors import (
     InvalidRequest,
     NamespaceNotFound,
     NotSupported,
+    PermissionDenied,
     QuorumStoreError,
+    Unauthenticated,
 )
 from quorumstore.client.retry import Backoff, Transient, classify
 
@@ -56,7 +58,9 @@ def test_the_data_services_failed_precondition_is_transient_with_its_hint() -> N
         (grpc.StatusCode.UNIMPLEMENTED, "no", NotSupported),
         (grpc.StatusCode.UNKNOWN, "oxia: namespace not found: 'x'", NamespaceNotFound),
         (grpc.StatusCode.UNKNOWN, "Unexpected <class 'ZeroDivisionError'>", QuorumStoreError),
-        (grpc.StatusCode.PERMISSION_DENIED, "no", QuorumStoreError),
+        (grpc.StatusCode.PERMISSION_DENIED, "no", PermissionDenied),
+        (grpc.StatusCode.UNAUTHENTICATED, "the token has expired", Unauthenticated),
+        (grpc.StatusCode.DATA_LOSS, "no", QuorumStoreError),
     ],
 )
 def test_other_failures_are_final_typed_errors_quoting_the_server(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from quorumstore.node.limits import limit_settings
 from quorumstore.spark import config
 from quorumstore.spark.conf_keys import KNOWN_KEYS, unknown_key_warnings, warn_unknown_keys
 
@@ -19,6 +20,10 @@ def _hosting_keys() -> set[str]:
     return {config.PREFIX + key for key, _parse in config._KEYS.values()}
 
 
+def _limit_keys() -> set[str]:
+    return {setting.spark_conf for setting in limit_settings().values()}
+
+
 def _scala_keys() -> set[str]:
     literals = set()
     for source in SCALA_SOURCES.rglob("*.scala"):
@@ -27,9 +32,10 @@ def _scala_keys() -> set[str]:
 
 
 def test_the_list_is_exactly_the_keys_python_and_scala_read() -> None:
-    hosting, scala = _hosting_keys(), _scala_keys()
-    assert len(hosting) == 14 and len(scala) >= 8
-    assert hosting | scala == KNOWN_KEYS
+    hosting, limits, scala = _hosting_keys(), _limit_keys(), _scala_keys()
+    assert len(hosting) == 18 and len(scala) >= 10
+    assert len(limits) == 7
+    assert hosting | limits | scala == KNOWN_KEYS
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from quorumstore.node.data_format import DataFormatError
 from quorumstore.node.failures import ReplicaFailure
 from quorumstore.storage.wal_format import WalError
 from quorumstore.wire.auth import SecretError
+from quorumstore.wire.tls import TlsError
 
 
 class Command(Protocol):
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         COMMANDS[args.command].run(args)
-    except (CliError, DataFormatError, MetadataError, SecretError, WalError) as e:
+    except (CliError, DataFormatError, MetadataError, SecretError, TlsError, WalError) as e:
         print(f"quorumstore: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -14,6 +14,7 @@ from quorumstore.coordinator.cluster_status import all_replicas_serving, format_
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.wire.addresses import host_port
 from quorumstore.wire.auth import ClusterSecret
+from quorumstore.wire.tls import TlsConfig
 
 HELP = "a coordinator and N node processes on this machine, each restarted when it stops"
 
@@ -39,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-fsync", action="store_true")
     options.add_storage_flags(p)
+    options.add_limit_flags(p)
+    options.add_tls_flags(p, internal=True)
+    options.add_auth_flag(p)
     options.add_failure_timeout_flag(p)
 
 
@@ -78,11 +82,13 @@ def run(args: argparse.Namespace) -> None:
     secret = ["--cluster-secret-file", str(secret_file)]
     fsync = ["--no-fsync"] if args.no_fsync else []
     fsync += options.storage_flags(args)
+    fsync += options.limit_flags(args)
     commands = [
         (
             ["node", "--host", args.host, "--port", str(args.base_port + i),
              "--internal-port", str(internal_base + i), *secret,
-             "--data-dir", str(data_dir / f"node{i}"), *fsync],
+             "--data-dir", str(data_dir / f"node{i}"), *fsync,
+             *options.security_flags(args, with_auth=True)],
             data_dir / f"node{i}.log",
         )
         for i in range(args.nodes)
@@ -94,7 +100,8 @@ def run(args: argparse.Namespace) -> None:
              "--replication-factor", str(args.replication_factor),
              "--metadata", str(data_dir / "coordinator" / "metadata.pb"),
              "--host", args.host, "--admin-port", str(args.base_port + args.nodes),
-             "--failure-timeout-ms", str(args.failure_timeout_ms)],
+             "--failure-timeout-ms", str(args.failure_timeout_ms),
+             *options.security_flags(args, with_auth=False)],
             data_dir / "coordinator.log",
         )
     )  # fmt: skip
@@ -103,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
     try:
         for argv, log_file in commands:
             children.append(supervisor.Child(argv, log_file))
-        status = _wait_for_cluster(admin, children, timeout_s=60)
+        status = _wait_for_cluster(admin, children, options.tls_config(args), timeout_s=60)
         shards = len(status.metadata.shards)
         print(
             f"quorumstore cluster: {args.nodes} nodes, {shards} shards, replication factor {args.replication_factor}",
@@ -140,7 +147,7 @@ def _check_port_free(host: str, port: int, what: str) -> None:
 
 
 def _wait_for_cluster(
-    admin: str, children: list[supervisor.Child], timeout_s: float
+    admin: str, children: list[supervisor.Child], tls: TlsConfig | None, timeout_s: float
 ) -> pb.ClusterStatus:
     """The cluster's status once every replica serves, so the client address printed
     next works at once."""
@@ -149,7 +156,7 @@ def _wait_for_cluster(
     while time.monotonic() < deadline:
         supervisor.check_started(children)
         try:
-            status = fetch_status(admin, timeout=1)
+            status = fetch_status(admin, timeout=1, tls=tls)
             if all_replicas_serving(status):
                 return status
         except CliError as e:

@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "in the order of --nodes",
     )
     options.add_secret_file_flag(p)
+    options.add_tls_flags(p, internal=True)
     p.add_argument("--shards", type=options.positive, default=1)
     p.add_argument("--replication-factor", type=options.positive, default=3)
     p.add_argument(
@@ -61,6 +62,8 @@ async def _serve(args: argparse.Namespace) -> None:
             metadata_url=args.metadata,
             internal_addresses=dict(zip(args.nodes, args.internal_addresses, strict=True)),
             cluster_secret=options.cluster_secret(args),
+            internal_tls=options.tls_config(args, "internal-tls"),
+            tls=options.tls_config(args),
             namespaces={DEFAULT_NAMESPACE: args.shards},
             replication_factor=args.replication_factor,
             admin_host=args.host,

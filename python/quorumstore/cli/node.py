@@ -25,9 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"(default {options.DEFAULT_INTERNAL_PORT}; the coordinator's --internal-addresses names it)",
     )
     options.add_secret_file_flag(p)
+    options.add_tls_flags(p, internal=True)
+    options.add_auth_flag(p)
     options.add_advertise_host_flag(p)
     p.add_argument("--no-fsync", action="store_true")
     options.add_storage_flags(p)
+    options.add_limit_flags(p)
 
 
 def run(args: argparse.Namespace) -> None:

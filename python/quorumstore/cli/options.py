@@ -16,9 +16,12 @@ from quorumstore.coordinator.failure_timeout import (
 )
 
 if TYPE_CHECKING:
+    from quorumstore.node.auth.check import AuthConfig
+    from quorumstore.node.limits import RequestLimits
     from quorumstore.node.node import NodeConfig
     from quorumstore.node.wal_retention import WalRetention
     from quorumstore.wire.auth import ClusterSecret
+    from quorumstore.wire.tls import TlsConfig
 
 DEFAULT_CLIENT_PORT = 6648
 #: A `node`'s internal port (node control, replication), as Oxia's.
@@ -173,6 +176,79 @@ def add_secret_file_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+# ------------------------------------------------------------------ resource limits
+
+
+def add_limit_flags(p: argparse.ArgumentParser) -> None:
+    """The --max-* flags of the client port's limits, of the commands that run nodes."""
+    from quorumstore.node.limits import RequestLimits, limit_settings
+
+    defaults = RequestLimits()
+    group = p.add_argument_group(
+        "resource limits of each node's client port (docs/limits.md); a call past one "
+        "fails with RESOURCE_EXHAUSTED"
+    )
+    for name, setting in limit_settings().items():
+        default = getattr(defaults, name)
+        group.add_argument(
+            setting.flag,
+            dest=name,
+            type=positive,
+            default=default,
+            metavar="BYTES" if setting.in_bytes else "N",
+            help=f"{setting.help} (default {default})",
+        )
+
+
+def request_limits(args: argparse.Namespace) -> RequestLimits:
+    """The limits of the --max-* flags."""
+    from quorumstore.node.limits import RequestLimits, limit_settings
+
+    try:
+        return RequestLimits(**{name: getattr(args, name) for name in limit_settings()})
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def limit_flags(args: argparse.Namespace) -> list[str]:
+    """The --max-* flags of `cluster`, passed on to its nodes."""
+    from quorumstore.node.limits import limit_settings
+
+    return [
+        part
+        for name, setting in limit_settings().items()
+        for part in (setting.flag, str(getattr(args, name)))
+    ]
+
+
+def add_tls_flags(p: argparse.ArgumentParser, *, internal: bool) -> None:
+    """The TLS flags: of the public port (client port, status port), and with `internal`
+    of the internal plane (mutual TLS)."""
+    planes = [("tls", "the client port (or status port)")]
+    if internal:
+        planes.append(
+            ("internal-tls", "the internal port and calls to other members' (mutual TLS)")
+        )
+    for prefix, what in planes:
+        p.add_argument(f"--{prefix}-cert-file", type=Path, help=f"PEM certificate chain of {what}")
+        p.add_argument(f"--{prefix}-key-file", type=Path, help=f"PEM private key of {what}")
+        p.add_argument(
+            f"--{prefix}-trusted-ca-file",
+            type=Path,
+            help=f"PEM CA certificates that peers of {what} are checked against",
+        )
+
+
+def add_auth_flag(p: argparse.ArgumentParser) -> None:
+    """--auth-config, of the commands that run a node."""
+    p.add_argument(
+        "--auth-config",
+        type=Path,
+        help="JSON file of bearer tokens (static ones, an OIDC issuer) and per-namespace "
+        "grants; with it, every client call must carry a valid token (docs/security.md)",
+    )
+
+
 # ------------------------------------------------------------------ what the flags configure
 
 
@@ -186,6 +262,49 @@ def cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
         return ClusterSecret.from_file(args.cluster_secret_file.resolve())
     except SecretError as e:
         raise CliError(str(e)) from None
+
+
+def tls_config(args: argparse.Namespace, prefix: str = "tls") -> TlsConfig | None:
+    """The TLS of `--{prefix}-*` flags, if any is given."""
+    from quorumstore.wire.tls import TlsConfig, TlsError
+
+    attribute = prefix.replace("-", "_")
+    files = [
+        getattr(args, f"{attribute}_{part}_file", None) for part in ("cert", "key", "trusted_ca")
+    ]
+    if not any(files):
+        return None
+    try:
+        return TlsConfig.from_files(*(None if f is None else f.resolve() for f in files))
+    except TlsError as e:
+        raise CliError(f"--{prefix}-*: {e}") from None
+
+
+def auth_config(args: argparse.Namespace) -> AuthConfig | None:
+    from quorumstore.node.auth.check import AuthConfig, AuthConfigError
+
+    if args.auth_config is None:
+        return None
+    try:
+        return AuthConfig.from_file(args.auth_config.resolve())
+    except AuthConfigError as e:
+        raise CliError(str(e)) from None
+
+
+def security_flags(args: argparse.Namespace, *, with_auth: bool) -> list[str]:
+    """The TLS flags given to `cluster` (and with `with_auth`, its auth config), passed
+    on to its processes."""
+    names = [
+        f"{prefix}_{part}_file"
+        for prefix in ("tls", "internal_tls")
+        for part in ("cert", "key", "trusted_ca")
+    ] + (["auth_config"] if with_auth else [])
+    flags = []
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value.resolve())]
+    return flags
 
 
 def storage_flags(args: argparse.Namespace) -> list[str]:
@@ -219,11 +338,15 @@ def node_config(
         port=args.port,
         internal_port=args.internal_port,
         cluster_secret=secret,
+        internal_tls=tls_config(args, "internal-tls"),
+        tls=tls_config(args),
+        auth=auth_config(args),
         advertise_host=_advertise_host(args),
         wal_sync=not args.no_fsync,
         wal_retention=_retention(args),
         kv_memory_bytes=args.kv_memory,
         relay_timeout_ms=args.relay_timeout_ms,
+        limits=request_limits(args),
     )
 
 

@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "secret it makes at start (default: any free port)",
     )
     options.add_advertise_host_flag(p)
+    options.add_tls_flags(p, internal=False)
+    options.add_auth_flag(p)
     p.add_argument("--data-dir", default="quorumstore-data", help="default: ./quorumstore-data")
     p.add_argument(
         "--no-fsync",
@@ -56,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="do not fsync the WAL (faster, loses recent writes on power loss)",
     )
     options.add_storage_flags(p)
+    options.add_limit_flags(p)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -89,6 +92,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 replication_factor=1,
                 admin_host=args.host,
                 admin_port=args.admin_port,
+                tls=options.tls_config(args),
             )
         )
         await coordinator.start()

@@ -12,6 +12,7 @@ from quorumstore.cli.errors import CliError
 from quorumstore.coordinator.cluster_status import format_status
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
+from quorumstore.wire.tls import TlsConfig, open_channel
 
 HELP = "per shard: term, leader, offsets, follower lag, eligible set"
 
@@ -20,15 +21,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--coordinator", type=options.address, required=True, help="the coordinator's host:port"
     )
+    options.add_tls_flags(p, internal=False)
 
 
 def run(args: argparse.Namespace) -> None:
-    print(format_status(fetch_status(args.coordinator)))
+    print(format_status(fetch_status(args.coordinator, tls=options.tls_config(args))))
 
 
-def fetch_status(address: str, timeout: float = 5) -> pb.ClusterStatus:
-    """The coordinator's ClusterStatus; a CliError that says why when there is none."""
-    with grpc.insecure_channel(address) as channel:
+def fetch_status(
+    address: str, timeout: float = 5, tls: TlsConfig | None = None
+) -> pb.ClusterStatus:
+    """The coordinator's ClusterStatus (over TLS with `tls`); a CliError that says why
+    when there is none."""
+    with open_channel(address, [], tls) as channel:
         try:
             return pb_grpc.CoordinatorAdminStub(channel).GetClusterStatus(
                 pb.Empty(), timeout=timeout

@@ -13,9 +13,11 @@ from quorumstore.client.errors import (
     KeyNotFound,
     NamespaceNotFound,
     NotSupported,
+    PermissionDenied,
     QuorumStoreError,
     ServiceUnavailable,
     SessionDoesNotExist,
+    Unauthenticated,
     UnexpectedVersionId,
 )
 from quorumstore.client.notifications import Notification, NotificationType, Subscription
@@ -28,6 +30,7 @@ from quorumstore.client.types import (
     Record,
     Version,
 )
+from quorumstore.wire.tls import TlsConfig
 
 __all__ = [
     "EXPECTED_RECORD_DOES_NOT_EXIST",
@@ -44,6 +47,7 @@ __all__ = [
     "Notification",
     "NotificationType",
     "Notifications",
+    "PermissionDenied",
     "PutManyData",
     "PutResult",
     "QuorumStoreError",
@@ -53,6 +57,8 @@ __all__ = [
     "ServiceUnavailable",
     "SessionDoesNotExist",
     "Subscription",
+    "TlsConfig",
+    "Unauthenticated",
     "UnexpectedVersionId",
     "Version",
 ]

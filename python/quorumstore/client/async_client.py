@@ -51,6 +51,10 @@ class AsyncClient(WriteApi, ReadApi):
       session_timeout_ms: how long the cluster keeps the client's ephemeral records
         after its last keep-alive (2,000 to 300,000; default 30,000).
       client_identifier: recorded with each ephemeral record (default `client_id`).
+      tls: a `TlsConfig` (`TlsConfig.from_files(None, None, "ca.pem")`): the nodes are
+        reached over TLS and checked against its trusted CA.
+      token: a bearer token, or a function returning the current one, presented on
+        every call (sent only over TLS or loopback).
     """
 
     def notifications(

@@ -27,6 +27,7 @@ from quorumstore.client.sequences import SequenceSubscription
 from quorumstore.client.sessions import ShardSessions, check_session_timeout
 from quorumstore.client.writes import WriteOp, WriteSender
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
+from quorumstore.wire.tls import TlsConfig, TokenSource
 
 _Op = TypeVar("_Op")
 
@@ -51,6 +52,8 @@ class ClientCore:
         exactly_once: bool = True,
         session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
         client_identifier: str | None = None,
+        tls: TlsConfig | None = None,
+        token: TokenSource | None = None,
     ) -> None:
         numbers = {
             "max_batch_ops": max_batch_ops,
@@ -88,6 +91,8 @@ class ClientCore:
         self._connect_timeout_s = connect_timeout_s
         self._request_timeout_s = request_timeout_s
         self._exactly_once = exactly_once
+        self._tls = tls
+        self._token = token
         self._channels: Channels | None = None
         self._directory: Directory | None = None
         self._writer: WriteSender | None = None
@@ -109,7 +114,7 @@ class ClientCore:
             raise ClientClosed("this client was closed; open a new one")
         if self._directory is not None:
             return self
-        channels = Channels()
+        channels = Channels(self._tls, self._token)
         directory = Directory(channels, self.addresses, self.namespace)
         try:
             await directory.start(self._connect_timeout_s)

@@ -40,6 +40,7 @@ from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE, ClientSerial
 from quorumstore.wire.schemas import ROWS_SCHEMA
+from quorumstore.wire.tls import TlsConfig, TokenSource, open_channel
 
 #: How long a call keeps retrying (elections, leader changes) before it gives up.
 DEFAULT_RETRY_S = 60.0
@@ -110,7 +111,8 @@ class DataClient:
     """Routing table, channels and per-shard calls of one namespace.
 
     `address` is one node or a comma-separated list of nodes; any node serves the
-    routing table. Not thread-safe: use one client per thread.
+    routing table. `tls` secures the channels; `token` is presented on every call (a
+    cluster with an auth config needs one). Not thread-safe: use one client per thread.
     """
 
     def __init__(
@@ -119,12 +121,16 @@ class DataClient:
         namespace: str = DEFAULT_NAMESPACE,
         *,
         retry_s: float = DEFAULT_RETRY_S,
+        tls: TlsConfig | None = None,
+        token: TokenSource | None = None,
     ) -> None:
         self.bootstrap = [a.strip() for a in address.split(",") if a.strip()]
         if not self.bootstrap:
             raise ValueError(f"no address in {address!r}")
         self.namespace = namespace
         self.retry_s = retry_s
+        self._tls = tls
+        self._token = token
         self._channels: dict[str, grpc.Channel] = {}
         self._shards: list[Shard] | None = None
         #: Routing by key hash over `_shards`; built when first needed after a refresh.
@@ -144,7 +150,7 @@ class DataClient:
     def _stub(self, address: str) -> pb_grpc.QuorumstoreDataStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
+            channel = open_channel(address, PEER_CHANNEL_OPTIONS, self._tls, self._token)
             self._channels[address] = channel
         return pb_grpc.QuorumstoreDataStub(channel)
 

@@ -18,7 +18,13 @@ from collections.abc import Sequence
 
 import grpc
 
-from quorumstore.client.errors import NamespaceNotFound, QuorumStoreError, ServiceUnavailable
+from quorumstore.client.errors import (
+    NamespaceNotFound,
+    PermissionDenied,
+    QuorumStoreError,
+    ServiceUnavailable,
+    Unauthenticated,
+)
 from quorumstore.client.retry import Backoff, classify
 from quorumstore.client.routing import ShardMap
 from quorumstore.proto import oxia_client_pb2 as pb
@@ -26,14 +32,18 @@ from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
 from quorumstore.proto import quorumstore_data_pb2 as data_pb
 from quorumstore.wire.channels import CLIENT_CHANNEL_OPTIONS
 from quorumstore.wire.metadata import LEADER_ROUTING_METADATA
+from quorumstore.wire.tls import TlsConfig, TokenSource, open_aio_channel
 
 log = logging.getLogger(__name__)
 
 
 class Channels:
-    """One gRPC channel per node address, opened on first use, with both services' stubs."""
+    """One gRPC channel per node address, opened on first use, with both services' stubs;
+    over TLS with `tls`, presenting `token` on every call."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: TlsConfig | None = None, token: TokenSource | None = None) -> None:
+        self._tls = tls
+        self._token = token
         self._stubs: dict[
             str,
             tuple[
@@ -47,7 +57,7 @@ class Channels:
     ) -> tuple[oxia_client_pb2_grpc.OxiaClientStub, quorumstore_data_pb2_grpc.QuorumstoreDataStub]:
         stubs = self._stubs.get(address)
         if stubs is None:
-            channel = grpc.aio.insecure_channel(address, options=CLIENT_CHANNEL_OPTIONS)
+            channel = open_aio_channel(address, CLIENT_CHANNEL_OPTIONS, self._tls, self._token)
             self._channels.append(channel)
             stubs = self._stubs[address] = (
                 oxia_client_pb2_grpc.OxiaClientStub(channel),
@@ -184,7 +194,7 @@ class Directory:
                         await self._learn_replicas(address)
             except grpc.aio.AioRpcError as e:
                 failure = classify(e)
-                if isinstance(failure, NamespaceNotFound):
+                if isinstance(failure, NamespaceNotFound | Unauthenticated | PermissionDenied):
                     self._fail(failure)
                     return
                 self._last_failure = f"{address}: {e.code().name.lower()} ({e.details()})"

@@ -80,6 +80,15 @@ class NotSupported(QuorumStoreError):
     """The server does not implement a feature the request needs."""
 
 
+class Unauthenticated(QuorumStoreError):
+    """The cluster wants credentials: no token, or one it does not accept (expired,
+    forged, unknown); the message says which."""
+
+
+class PermissionDenied(QuorumStoreError, PermissionError):
+    """The token's principal may not do this to this namespace (the cluster's grants)."""
+
+
 class NamespaceNotFound(QuorumStoreError):
     """The namespace given to the client does not exist in the cluster."""
 

@@ -28,8 +28,10 @@ from quorumstore.client.errors import (
     InvalidRequest,
     NamespaceNotFound,
     NotSupported,
+    PermissionDenied,
     QuorumStoreError,
     SessionDoesNotExist,
+    Unauthenticated,
 )
 from quorumstore.wire.metadata import LEADER_HINT_METADATA_KEY
 from quorumstore.wire.status import OxiaCode
@@ -69,6 +71,10 @@ def classify(error: grpc.RpcError) -> Transient | QuorumStoreError:
         return SessionDoesNotExist(None, details)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"the server refused the request: {details}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(f"the cluster refused the call's credentials: {details}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(details)
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return NotSupported(f"the server does not support this: {details}")
     return QuorumStoreError(f"request failed with {code.name}: {details}")

@@ -51,13 +51,11 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.wire import replication as wire
 from quorumstore.wire.addresses import host_port
-from quorumstore.wire.auth import (
-    COORDINATOR_METADATA_KEY,
-    ClusterSecret,
-    require_secret_off_loopback,
-)
-from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS, SERVER_OPTIONS, listen
+from quorumstore.wire.auth import COORDINATOR_METADATA_KEY, ClusterSecret
+from quorumstore.wire.channels import SERVER_OPTIONS, listen
+from quorumstore.wire.membership import Membership
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
+from quorumstore.wire.tls import TlsConfig, check_plaintext_exposure, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +71,13 @@ class CoordinatorServerConfig:
     #: Node name (client address) -> its internal address, where the coordinator and
     #: peers reach its NodeControl and Replication services; one for every node.
     internal_addresses: dict[str, str]
-    #: Carried by every call to a node; None only when every address is loopback.
+    #: Carried by every call to a node; with neither it nor `internal_tls`, every
+    #: address must be loopback.
     cluster_secret: ClusterSecret | None = None
+    #: Mutual TLS of the calls to the nodes' internal ports.
+    internal_tls: TlsConfig | None = None
+    #: TLS of the status port.
+    tls: TlsConfig | None = None
     namespaces: dict[str, int] = field(default_factory=lambda: {DEFAULT_NAMESPACE: 1})
     replication_factor: int = 3
     tick_ms: int = DEFAULT_TICK_MS
@@ -121,7 +124,7 @@ class _NodeLink:
         #: The node's name, its client address.
         self.address = address
         self.internal_address = internal_address
-        self.channel = grpc.aio.insecure_channel(internal_address, options=PEER_CHANNEL_OPTIONS)
+        self.channel = server.membership.channel(internal_address)
         self.stub = pb_grpc.NodeControlStub(self.channel)
         self.metadata = server.call_metadata
         self.pings: asyncio.Queue[int] = asyncio.Queue()
@@ -202,20 +205,21 @@ class CoordinatorServer:
         self.admin_address: str | None = None
         #: Every call to a node names this coordinator, whose assignment versions a node
         #: compares only with its own, and carries the cluster secret.
-        self.call_metadata = ((COORDINATOR_METADATA_KEY, uuid.uuid4().hex),) + (
-            config.cluster_secret.metadata if config.cluster_secret is not None else ()
-        )
+        self.membership = Membership(config.cluster_secret, config.internal_tls)
+        self.call_metadata = (
+            (COORDINATOR_METADATA_KEY, uuid.uuid4().hex),
+        ) + self.membership.metadata
         self._warned: set[str] = set()
 
     async def start(self) -> None:
-        require_secret_off_loopback(
-            [
-                self.config.admin_host,
-                *(a.rpartition(":")[0] for a in self.config.internal_addresses.values()),
-            ],
-            self.config.cluster_secret,
+        self.membership.require_off_loopback(
+            [a.rpartition(":")[0] for a in self.config.internal_addresses.values()],
             "the coordinator",
         )
+        if self.config.admin_port is not None:
+            check_plaintext_exposure(
+                [self.config.admin_host], self.config.tls, "the coordinator's status port"
+            )
         loop = asyncio.get_running_loop()
         metadata = await loop.run_in_executor(None, self.store.load)
         if metadata is None:
@@ -254,7 +258,12 @@ class CoordinatorServer:
         if self.config.admin_port is not None:
             self._admin = grpc.aio.server(options=SERVER_OPTIONS)
             pb_grpc.add_CoordinatorAdminServicer_to_server(_Admin(self), self._admin)
-            port = listen(self._admin, self.config.admin_host, self.config.admin_port)
+            port = listen(
+                self._admin,
+                self.config.admin_host,
+                self.config.admin_port,
+                server_credentials(self.config.tls),
+            )
             self.admin_address = host_port(self.config.admin_host, port)
             await self._admin.start()
 

@@ -3,8 +3,10 @@
 It serves on two ports. The client port carries Oxia's `OxiaClient` (`oxia/`) and
 the Arrow data service (`data/`); the internal port carries `NodeControl` (from the
 coordinator, `control.py`) and `Replication` (between replicas,
-`replication_service.py`), and admits only calls that carry the cluster secret
-(`wire/auth.py`, docs/security.md). It owns the clock (a tick task), the disk (one
+`replication_service.py`), and admits only members of the cluster: mutual TLS with
+the cluster's CA, or the cluster secret (`wire/membership.py`, docs/security.md). With
+an auth config, every call of the client port carries a bearer token (`auth/check.py`).
+It owns the clock (a tick task), the disk (one
 directory per shard) and the network; the protocol itself lives in the engine each
 `ShardHost` drives. The node's name is its client address: clients and the
 coordinator's metadata know it by that, and peers find its internal address through
@@ -24,9 +26,12 @@ import grpc
 import pyarrow as pa
 
 from quorumstore.node import data_format
+from quorumstore.node.auth.check import AuthConfig, TokenCheck
+from quorumstore.node.call_limits import CallLimits
 from quorumstore.node.control import NodeControl
 from quorumstore.node.data.servicer import QuorumstoreDataServicer
 from quorumstore.node.failures import ReplicaFailure
+from quorumstore.node.limits import RequestLimits
 from quorumstore.node.oxia.relay import DEFAULT_RELAY_TIMEOUT_MS
 from quorumstore.node.oxia.servicer import OxiaClientServicer
 from quorumstore.node.replication_service import Replication
@@ -42,8 +47,10 @@ from quorumstore.protocol.replica import ReplicaConfig
 from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES, KvMemory
 from quorumstore.wire import replication as wire
 from quorumstore.wire.addresses import host_port
-from quorumstore.wire.auth import ClusterSecret, SecretCheck, require_secret_off_loopback
-from quorumstore.wire.channels import SERVER_OPTIONS, listen
+from quorumstore.wire.auth import ClusterSecret
+from quorumstore.wire.channels import SERVER_OPTIONS, client_port_options, listen
+from quorumstore.wire.membership import Membership
+from quorumstore.wire.tls import TlsConfig, check_plaintext_exposure, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +65,16 @@ class NodeConfig:
     port: int = 0
     #: Port of node control and replication (0: any free one), on the same host.
     internal_port: int = 0
-    #: Admits calls to the internal port; None only on a loopback host (`start` refuses
-    #: any other).
+    #: Admits calls to the internal port (with or instead of `internal_tls`); with
+    #: neither, the node serves on loopback only (`start` refuses any other host).
     cluster_secret: ClusterSecret | None = None
+    #: Mutual TLS of the internal port and of calls to other members' internal ports.
+    internal_tls: TlsConfig | None = None
+    #: TLS of the client port, and what relayed calls check other nodes' client ports by.
+    tls: TlsConfig | None = None
+    #: Bearer tokens every call of the client port must carry, and the grants per
+    #: namespace; None: the client port admits everyone who reaches it.
+    auth: AuthConfig | None = None
     #: Address other nodes and clients use; defaults to host:bound port.
     advertise_host: str | None = None
     wal_sync: bool = True
@@ -73,6 +87,8 @@ class NodeConfig:
     #: How long a call relayed for a gateway-mode client waits for the shard's leader
     #: before it is retried at a new one or fails (see `node/oxia/relay.py`).
     relay_timeout_ms: int = DEFAULT_RELAY_TIMEOUT_MS
+    #: What one request, connection and client may take of the client port (docs/limits.md).
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 class Node:
@@ -82,7 +98,8 @@ class Node:
         #: Where the coordinator and peers reach this node's internal port.
         self.internal_address = ""
         self.hosts: dict[ShardKey, ShardHost] = {}
-        self.transport = NodeTransport(self, config.cluster_secret)
+        self.membership = Membership(config.cluster_secret, config.internal_tls)
+        self.transport = NodeTransport(self, self.membership)
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qs-io")
         #: Bulk applies (see `ShardHost`), apart from the fsyncs so as not to delay them.
         self._apply = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qs-apply")
@@ -107,8 +124,10 @@ class Node:
         """Binds the ports, opens the shards found on disk and starts serving; returns the
         node's name, its client address."""
         config = self.config
-        require_secret_off_loopback(
-            [config.host, config.advertise_host or config.host], config.cluster_secret, "a node"
+        hosts = [config.host, config.advertise_host or config.host]
+        self.membership.require_off_loopback(hosts, "a node")
+        check_plaintext_exposure(
+            hosts, config.tls, "a node's client port", tokens=config.auth is not None
         )
         try:
             self.config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -117,25 +136,29 @@ class Node:
                 f"cannot use {self.config.data_dir} as the node's data directory: {e.strerror}"
             ) from None
         data_format.claim(self.config.data_dir)
-        self._server = grpc.aio.server(options=SERVER_OPTIONS)
-        checks = (
-            []
-            if config.cluster_secret is None
-            else [SecretCheck(config.cluster_secret, lambda: self.name)]
+        token_checks = [] if config.auth is None else [TokenCheck(config.auth, lambda: self.name)]
+        self._server = grpc.aio.server(
+            options=client_port_options(config.limits.max_request_bytes),
+            interceptors=[*token_checks, CallLimits(config.limits, lambda: self.name)],
         )
-        self._internal = grpc.aio.server(options=SERVER_OPTIONS, interceptors=checks)
+        self._internal = self.membership.server(SERVER_OPTIONS, lambda: self.name)
         pb_grpc.add_NodeControlServicer_to_server(NodeControl(self), self._internal)
         pb_grpc.add_ReplicationServicer_to_server(Replication(self), self._internal)
         self._client_api = OxiaClientServicer(
-            self, relay_timeout_s=self.config.relay_timeout_ms / 1000
+            self,
+            relay_timeout_s=self.config.relay_timeout_ms / 1000,
+            relay_tls=config.tls,
+            request_limits=config.limits,
         )
         oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(self._client_api, self._server)
-        self._data_api = QuorumstoreDataServicer(self, self.config.data_dir / "data-staging")
+        self._data_api = QuorumstoreDataServicer(
+            self, self.config.data_dir / "data-staging", request_limits=config.limits
+        )
         quorumstore_data_pb2_grpc.add_QuorumstoreDataServicer_to_server(
             self._data_api, self._server
         )
-        port = listen(self._server, config.host, config.port)
-        internal_port = listen(self._internal, config.host, config.internal_port)
+        port = listen(self._server, config.host, config.port, server_credentials(config.tls))
+        internal_port = self.membership.listen(self._internal, config.host, config.internal_port)
         self.name = host_port(config.advertise_host or config.host, port)
         self.internal_address = host_port(config.advertise_host or config.host, internal_port)
         self.transport.set_internal_addresses({self.name: self.internal_address})

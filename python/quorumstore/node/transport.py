@@ -41,8 +41,7 @@ from quorumstore.protocol.messages import (
     TruncateResponse,
 )
 from quorumstore.wire import replication as wire
-from quorumstore.wire.auth import ClusterSecret
-from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS
+from quorumstore.wire.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +95,11 @@ class UnknownPeer(LookupError):
 
 
 class NodeTransport:
-    def __init__(self, node: PeerNode, secret: ClusterSecret | None):
+    def __init__(self, node: PeerNode, membership: Membership):
         self.node = node
+        self._membership = membership
         #: The metadata of every call to a peer: the data format, and the secret.
-        self.metadata = data_format.REPLICATION_METADATA + (
-            secret.metadata if secret is not None else ()
-        )
+        self.metadata = data_format.REPLICATION_METADATA + membership.metadata
         #: Peer name (client address) -> its internal address.
         self._internal: dict[str, str] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -133,7 +131,7 @@ class NodeTransport:
             address = self._internal.get(peer)
             if address is None:
                 raise UnknownPeer(f"no internal address known for {peer} yet")
-            channel = grpc.aio.insecure_channel(address, options=PEER_CHANNEL_OPTIONS)
+            channel = self._membership.channel(address)
             self._channels[peer] = channel
         return channel
 

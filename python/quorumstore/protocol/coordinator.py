@@ -234,14 +234,17 @@ class Coordinator:
         self._dirty = True
         return meta
 
-    def start_election(self, key: ShardKey, cause: str, *, leader_lost: bool = False) -> None:
+    def start_election(
+        self, key: ShardKey, cause: str, *, leader_lost: bool = False, above: int = NO_TERM
+    ) -> None:
         """Fence the ensemble in a new term. `cause` is logged, as a warning when an online
         leader is displaced: that pauses the shard's writes. `leader_lost`: the leader
         itself says it no longer leads, so unless this coordinator saw it lead (it
         restarted since), nothing serving is displaced and the cause is logged as info:
-        that is every shard after a whole cluster restarts."""
+        that is every shard after a whole cluster restarts. The new term is above both the
+        shard's and `above` (a term some member is already in)."""
         meta = self._meta[key]
-        term = meta.term + 1
+        term = max(meta.term, above) + 1
         displaced = meta.state is ShardState.ONLINE and (
             key in self._seen_leading or not leader_lost
         )
@@ -389,6 +392,16 @@ class Coordinator:
             if msg.node not in meta.ensemble:
                 continue
             status = reported.get(key)
+            if status is not None and status.term > meta.term:
+                # A term this coordinator never issued (its metadata is older than the
+                # cluster, or a member was sent one by hand): only a term above it moves
+                # that member again, so elect in one.
+                self.start_election(
+                    key,
+                    f"{msg.node} is in term {status.term}, beyond the shard's term {meta.term}",
+                    above=status.term,
+                )
+                continue
             if meta.state is not ShardState.ONLINE or meta.leader is None:
                 continue
             if msg.node == meta.leader:

@@ -11,7 +11,15 @@ Keys (all under ``spark.quorumstore.``): ``nodes``, ``shards``, ``replicationFac
 or ``120s``), ``failureTimeout`` (``500ms``; how long a silent node is taken to be alive),
 ``relayTimeout`` (``1500ms``; how long a node relaying a gateway-mode client's call waits
 for the shard's leader before it retries at a new one or fails),
-``logLevel`` (of the storage nodes, in the executors' stderr).
+``logLevel`` (of the storage nodes, in the executors' stderr), ``tls.certFile``,
+``tls.keyFile`` and ``tls.trustedCaFile`` (PEM files read on the driver: the nodes'
+client ports serve TLS with them), ``auth.config`` (a JSON auth config read on the
+driver: every client call must carry a token; docs/security.md).
+
+The resource limits of each node's client port have keys of their own (docs/limits.md):
+``maxOpsPerRequest``, ``maxRequestBytes`` (``64m``), ``maxCallsPerConnection``,
+``maxSessionsPerClient``, ``maxStreamsPerClient``, ``maxStagedBytesPerClient`` and
+``maxStagedBytesTotal`` (``16g``).
 
 >>> config = HostingConfig.resolve({"spark.quorumstore.nodes": "5"}, shards=4)
 >>> (config.nodes, config.shards, config.node_addresses[:2])
@@ -30,12 +38,18 @@ from pathlib import Path
 from typing import Any
 
 from quorumstore.coordinator.failure_timeout import check_failure_timeout
+from quorumstore.node.auth.check import AuthConfig, read_auth_file
+from quorumstore.node.limits import RequestLimits, limit_settings
 from quorumstore.node.oxia.relay import DEFAULT_RELAY_TIMEOUT_MS
 from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES
 from quorumstore.wire.addresses import host_port
+from quorumstore.wire.tls import TlsConfig
 
 PREFIX = "spark.quorumstore."
 PLACEMENTS = ("barrier", "independent")
+#: The bearer token that clients of the session present (Spark redacts `token` confs in
+#: its UI and logs).
+TOKEN_CONF = PREFIX + "auth.token"
 
 
 def _seconds(value: str) -> float:
@@ -81,7 +95,12 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "failure_timeout_s": ("failureTimeout", _seconds),
     "relay_timeout_s": ("relayTimeout", _seconds),
     "log_level": ("logLevel", str.strip),
+    "tls_cert_file": ("tls.certFile", Path),
+    "tls_key_file": ("tls.keyFile", Path),
+    "tls_trusted_ca_file": ("tls.trustedCaFile", Path),
+    "auth_config": ("auth.config", Path),
 }
+_PATHS = ("tls_cert_file", "tls_key_file", "tls_trusted_ca_file", "auth_config")
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,15 @@ class HostingConfig:
     #: (`NodeConfig.relay_timeout_ms`).
     relay_timeout_s: float = DEFAULT_RELAY_TIMEOUT_MS / 1000
     log_level: str = "WARNING"
+    #: The resource limits of each node's client port (`NodeConfig.limits`), set by
+    #: keys of their own (`_request_limits`).
+    limits: RequestLimits = dataclasses.field(default_factory=RequestLimits)
+    #: PEM files of the nodes' client-port TLS (None: plaintext), read on the driver.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_trusted_ca_file: Path | None = None
+    #: JSON auth config (tokens, grants) of the nodes' client ports, read on the driver.
+    auth_config: Path | None = None
 
     @classmethod
     def resolve(cls, conf: Mapping[str, str], **overrides: Any) -> HostingConfig:
@@ -139,12 +167,19 @@ class HostingConfig:
                     raise ValueError(
                         f"{PREFIX}{key}: cannot read {raw!r} as {_describe(name)}"
                     ) from None
+        values["limits"] = _request_limits(conf)
         config = dataclasses.replace(cls(), **values)
         data_dir = Path(os.path.abspath(Path(config.data_dir).expanduser()))
+        absolute: dict[str, Any] = {
+            name: Path(os.path.abspath(Path(getattr(config, name)).expanduser()))
+            for name in _PATHS
+            if getattr(config, name) is not None
+        }
         config = dataclasses.replace(
             config,
             data_dir=data_dir,
             metadata_url=config.metadata_url or str(data_dir / "coordinator" / "metadata.pb"),
+            **absolute,
         )
         config.validate()
         return config
@@ -198,8 +233,32 @@ class HostingConfig:
             problems.append(
                 f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}"
             )
+        try:
+            self.public_tls()
+        except ValueError as e:
+            problems.append(f"{PREFIX}tls.*: {e}")
+        try:
+            self.auth()
+        except ValueError as e:
+            problems.append(f"{PREFIX}auth.config: {e}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def public_tls(self) -> TlsConfig | None:
+        """The client ports' TLS, its PEM read here (the driver) to travel to the nodes."""
+        files = (self.tls_cert_file, self.tls_key_file, self.tls_trusted_ca_file)
+        if not any(files):
+            return None
+        return TlsConfig(TlsConfig.from_files(*files).material)
+
+    def auth(self) -> dict[str, Any] | None:
+        """The auth config, checked and read here (the driver) to travel to the nodes,
+        which build their verifiers from it."""
+        if self.auth_config is None:
+            return None
+        raw = read_auth_file(self.auth_config)
+        AuthConfig.parse(raw, str(self.auth_config))
+        return raw
 
     @property
     def node_addresses(self) -> list[str]:
@@ -241,7 +300,23 @@ _OVERRIDE_TYPES: dict[str, tuple[type, ...]] = {
     "wal_sync": (bool,),
     "kv_memory_bytes": (int,),
     "data_dir": (str, os.PathLike),
+    **{name: (str, os.PathLike) for name in _PATHS},
 }
+
+
+def _request_limits(conf: Mapping[str, str]) -> RequestLimits:
+    """The nodes' limits: defaults, then the entries of `conf` that set them."""
+    values: dict[str, int] = {}
+    for name, setting in limit_settings().items():
+        raw = conf.get(setting.spark_conf)
+        if raw is None:
+            continue
+        try:
+            values[name] = _bytes(raw) if setting.in_bytes else int(raw)
+        except ValueError:
+            wanted = "a size such as 64m (bytes, or k, m, g)" if setting.in_bytes else "a number"
+            raise ValueError(f"{setting.spark_conf}: cannot read {raw!r} as {wanted}") from None
+    return RequestLimits(**values)
 
 
 def _checked_override(name: str, value: Any) -> Any:

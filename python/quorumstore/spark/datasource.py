@@ -113,12 +113,16 @@ def register(
     spark: SparkSession,
     address: str | Sequence[str] | None = None,
     namespace: str | None = None,
+    *,
+    tls_trusted_ca_file: str | None = None,
+    token: str | None = None,
 ) -> type[QuorumstoreDataSource]:
     """Registers the ``quorumstore`` format in `spark` and enables filter pushdown.
 
     With `address` (one node, several, or a list; e.g. a hosted cluster's
     ``addresses``) and `namespace`, those become the defaults of every
-    ``format("quorumstore")`` use in the session, so the options can be left out.
+    ``format("quorumstore")`` use in the session, so the options can be left out; so do
+    `tls_trusted_ca_file` (the nodes serve TLS) and `token` (the cluster wants one).
 
     >>> register(spark, address="127.0.0.1:6648")  # doctest: +SKIP
     >>> spark.read.format("quorumstore").load().count()  # doctest: +SKIP
@@ -128,6 +132,10 @@ def register(
         defaults["address"] = address if isinstance(address, str) else ",".join(address)
     if namespace is not None:
         defaults["namespace"] = namespace
+    if tls_trusted_ca_file is not None:
+        defaults["tlsTrustedCaFile"] = tls_trusted_ca_file
+    if token is not None:
+        defaults["token"] = token
     source: type[QuorumstoreDataSource] = QuorumstoreDataSource
     if defaults:
         # A class made here is not importable by name, so Spark's workers get it pickled

@@ -20,7 +20,8 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from pyspark.errors import PySparkValueError
@@ -29,6 +30,7 @@ from quorumstore.client.data_service import DataClient, DataClientError
 from quorumstore.spark.datasource_values import FORMATS, TYPED_FORMATS, SchemaError, ValueCodec
 from quorumstore.wire.keys import compare_keys
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
+from quorumstore.wire.tls import TlsConfig, TlsError
 
 
 class QuorumstoreOptionError(PySparkValueError):
@@ -53,7 +55,15 @@ class Use(enum.Enum):
     ANY_READ = "spark.read or spark.readStream"
 
 
-_COMMON = {"address", "namespace", "valueFormat", "retryTimeout", "connectTimeout"}
+_COMMON = {
+    "address",
+    "namespace",
+    "valueFormat",
+    "retryTimeout",
+    "connectTimeout",
+    "tlsTrustedCaFile",
+    "token",
+}
 _ALLOWED: dict[Use, set[str]] = {
     Use.READ: _COMMON
     | {"valueSchema", "keyStart", "keyEnd", "keyPrefix", "readFrom", "maxRowsPerPartition"},
@@ -130,6 +140,10 @@ class SourceOptions:
     starting_offsets: str = "latest"
     retry_timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
+    #: PEM CA file the nodes' certificates are checked against (the nodes serve TLS).
+    tls_trusted_ca_file: str | None = None
+    #: Bearer token presented on every call (the cluster has an auth config).
+    token: str | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], use: Use) -> SourceOptions:
@@ -203,6 +217,8 @@ class SourceOptions:
             starting_offsets=starting,
             retry_timeout_s=_positive(given, "retryTimeout", 60.0, float),
             connect_timeout_s=_positive(given, "connectTimeout", 10.0, float),
+            tls_trusted_ca_file=given.get("tlsTrustedCaFile"),
+            token=given.get("token"),
         )
         if parsed.key_end and compare_keys(parsed.key_start, parsed.key_end) > 0:
             raise _error(
@@ -220,7 +236,17 @@ class SourceOptions:
             raise _error("QUORUMSTORE_INVALID_SCHEMA", f"option valueSchema: {e}") from None
 
     def client(self) -> DataClient:
-        return DataClient(self.address, self.namespace, retry_s=self.retry_timeout_s)
+        tls = None
+        if self.tls_trusted_ca_file is not None:
+            try:
+                tls = TlsConfig.from_files(None, None, Path(self.tls_trusted_ca_file))
+            except TlsError as e:
+                raise _error(
+                    "QUORUMSTORE_INVALID_OPTION", f"option tlsTrustedCaFile: {e}"
+                ) from None
+        return DataClient(
+            self.address, self.namespace, retry_s=self.retry_timeout_s, tls=tls, token=self.token
+        )
 
 
 def _parse_offsets(text: str, what: str) -> dict[str, int]:

@@ -32,7 +32,7 @@ from quorumstore.coordinator.cluster_status import all_replicas_serving, format_
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.spark.conf_keys import warn_unknown_keys
-from quorumstore.spark.config import HostingConfig, node_path
+from quorumstore.spark.config import TOKEN_CONF, HostingConfig, node_path
 from quorumstore.spark.coordinator_thread import CoordinatorThread
 from quorumstore.spark.node_jobs import (
     NodeJob,
@@ -45,7 +45,9 @@ from quorumstore.spark.node_jobs import (
 from quorumstore.spark.slots import check_free_slots
 from quorumstore.wire.addresses import host_port
 from quorumstore.wire.auth import ClusterSecret
+from quorumstore.wire.certificates import CertificateAuthority
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
+from quorumstore.wire.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ class HostedCluster:
         coordinator: CoordinatorThread,
         cluster_id: str,
         secret: ClusterSecret,
+        ca: CertificateAuthority,
     ):
         self.config = config
         self.addresses = config.node_addresses
@@ -115,6 +118,7 @@ class HostedCluster:
         self._coordinator = coordinator
         self._cluster_id = cluster_id
         self._secret = secret
+        self._ca = ca
         self._started_at = time.time()
         self._jobs: list[NodeJob] = []
         self._stop_lock = threading.Lock()
@@ -126,10 +130,17 @@ class HostedCluster:
     def client(self, **options: Any) -> Client:
         """A connected `quorumstore.Client` of this cluster (close it, or use ``with``).
 
-        `options` go to the client (see `quorumstore.AsyncClient`). Any Oxia-protocol
-        client works too, given `address`.
+        `options` go to the client (see `quorumstore.AsyncClient`); `tls` defaults to
+        trusting ``spark.quorumstore.tls.trustedCaFile`` and `token` to
+        ``spark.quorumstore.auth.token``, when set. Any Oxia-protocol client works too,
+        given `address`.
         """
         self._check_running()
+        if "tls" not in options and self.config.tls_trusted_ca_file is not None:
+            options["tls"] = TlsConfig.from_files(None, None, self.config.tls_trusted_ca_file)
+        token = self._sc.getConf().get(TOKEN_CONF)
+        if "token" not in options and token:
+            options["token"] = token
         return Client(self.address, **options)
 
     def status(self) -> HostedClusterStatus:
@@ -239,7 +250,12 @@ class HostedCluster:
         fails the start with the job's error instead of being resubmitted.
         """
         self._jobs = submit_node_jobs(
-            self._sc, self.config, self._cluster_id, self._spark_stopped_under_cluster, self._secret
+            self._sc,
+            self.config,
+            self._cluster_id,
+            self._spark_stopped_under_cluster,
+            self._secret,
+            self._ca,
         )
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
@@ -376,13 +392,14 @@ def start(
         log_level=log_level,
     )
     check_free_slots(sc, config.nodes, config.start_timeout_s)
-    # A new secret for each cluster, made here and kept in memory: the coordinator holds
-    # it, and the node tasks get it inside their closure (docs/security.md).
+    # A new secret and CA for each cluster, made here and kept in memory: the coordinator
+    # holds them, and the node tasks get theirs inside their closure (docs/security.md).
     secret = ClusterSecret.generate()
-    coordinator = CoordinatorThread(coordinator_config(config, secret))
+    ca = CertificateAuthority.create()
+    coordinator = CoordinatorThread(coordinator_config(config, secret, ca))
     coordinator.start()
     cluster = HostedCluster(
-        spark, config, coordinator, f"quorumstore-{uuid.uuid4().hex[:8]}", secret
+        spark, config, coordinator, f"quorumstore-{uuid.uuid4().hex[:8]}", secret, ca
     )
     atexit.register(cluster.stop)
     try:
@@ -393,13 +410,17 @@ def start(
     return cluster
 
 
-def coordinator_config(config: HostingConfig, secret: ClusterSecret) -> CoordinatorServerConfig:
+def coordinator_config(
+    config: HostingConfig, secret: ClusterSecret, ca: CertificateAuthority
+) -> CoordinatorServerConfig:
     """The settings of the coordinator a hosted cluster runs in the driver."""
     return CoordinatorServerConfig(
         nodes=config.node_addresses,
         metadata_url=config.metadata_url,
         internal_addresses=config.internal_addresses,
         cluster_secret=secret,
+        internal_tls=ca.internal_tls("coordinator"),
+        tls=config.public_tls(),
         namespaces={DEFAULT_NAMESPACE: config.shards},
         replication_factor=config.replication_factor,
         admin_host=config.host,

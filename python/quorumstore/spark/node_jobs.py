@@ -28,6 +28,7 @@ from pyspark import SparkContext
 from quorumstore.spark import node_task
 from quorumstore.spark.config import HostingConfig
 from quorumstore.wire.auth import ClusterSecret
+from quorumstore.wire.certificates import CertificateAuthority
 
 log = logging.getLogger(__name__)
 
@@ -167,20 +168,26 @@ def submit_node_jobs(
     cluster_id: str,
     on_spark_stopped: Callable[[], None],
     secret: ClusterSecret,
+    ca: CertificateAuthority,
 ) -> list[NodeJob]:
     """Starts the node jobs of `config.placement`; each runs until cancelled, or until
     the SparkContext stops under it, which it reports through `on_spark_stopped`. The
-    cluster `secret` travels to the executors inside the tasks' closure."""
+    cluster `secret`, each node's certificate from the cluster's `ca`, and the client
+    ports' TLS and auth config travel to the executors inside the tasks' closure."""
     barrier = config.placement == "barrier"
     spec = node_task.NodeTaskSpec(
         host=config.host,
         base_port=config.base_port,
         internal_base_port=config.internal_port(0),
         cluster_secret=secret,
+        internal_tls=tuple(ca.internal_tls(f"node{i}") for i in range(config.nodes)),
+        tls=config.public_tls(),
+        auth=config.auth(),
         data_dir=str(config.data_dir),
         wal_sync=config.wal_sync,
         kv_memory_bytes=config.kv_memory_bytes,
         relay_timeout_ms=config.relay_timeout_ms,
+        limits=config.limits,
         barrier=barrier,
         log_level=config.log_level,
     )

@@ -41,14 +41,18 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from quorumstore import event_loops
 from quorumstore.backoff import restart_backoff
+from quorumstore.node.auth.check import AuthConfig
 from quorumstore.node.data_format import DataFormatError
+from quorumstore.node.limits import RequestLimits
 from quorumstore.node.node import Node, NodeConfig
 from quorumstore.spark.config import node_path
 from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.channels import probe_port
+from quorumstore.wire.tls import TlsConfig
 
 log = logging.getLogger("quorumstore.spark.node_task")
 
@@ -65,10 +69,16 @@ class NodeTaskSpec:
     base_port: int
     internal_base_port: int
     cluster_secret: ClusterSecret
+    #: Node i's certificate from the cluster's CA: the internal plane's mutual TLS.
+    internal_tls: tuple[TlsConfig, ...]
+    #: The client ports' TLS (None: plaintext) and auth config (None: open).
+    tls: TlsConfig | None
+    auth: dict[str, Any] | None
     data_dir: str
     wal_sync: bool
     kv_memory_bytes: int
     relay_timeout_ms: int
+    limits: RequestLimits
     barrier: bool
     log_level: str
 
@@ -134,9 +144,13 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
                 port=spec.base_port + index,
                 internal_port=spec.internal_base_port + index,
                 cluster_secret=spec.cluster_secret,
+                internal_tls=spec.internal_tls[index],
+                tls=spec.tls,
+                auth=None if spec.auth is None else AuthConfig.parse(spec.auth),
                 wal_sync=spec.wal_sync,
                 kv_memory_bytes=spec.kv_memory_bytes,
                 relay_timeout_ms=spec.relay_timeout_ms,
+                limits=spec.limits,
             )
         )
         try:

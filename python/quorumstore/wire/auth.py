@@ -17,10 +17,12 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import grpc
+
+from quorumstore.wire.guards import guarded
 
 log = logging.getLogger(__name__)
 
@@ -116,19 +118,6 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-def require_secret_off_loopback(hosts: list[str], secret: ClusterSecret | None, what: str) -> None:
-    """Refuses to run `what` reachable from other machines with nothing to keep them out."""
-    if secret is not None:
-        return
-    exposed = [h for h in hosts if not is_loopback(h)]
-    if exposed:
-        raise SecretError(
-            f"{what} would serve or call internal services on {', '.join(exposed)}, which other "
-            "machines can reach, without a cluster secret; give it --cluster-secret-file (see "
-            "docs/security.md), or listen on 127.0.0.1"
-        )
-
-
 class SecretCheck(grpc.aio.ServerInterceptor):
     """Ends every call that does not carry the cluster secret as UNAUTHENTICATED, logging
     each refused caller (by host) once."""
@@ -150,7 +139,23 @@ class SecretCheck(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or self._secret.admits(presented):
             return handler
-        return _refusal(handler, handler_call_details.method, presented is None, self._note)
+        method = handler_call_details.method
+        return guarded(handler, lambda context: self._refuse(context, method, presented is None))
+
+    @asynccontextmanager
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, method: str, missing: bool
+    ) -> AsyncIterator[None]:
+        """Aborts the call as UNAUTHENTICATED before any servicer sees it (a request
+        stream is never read)."""
+        self._note(context.peer(), method, missing)
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "this is a quorumstore node's internal port, and the call "
+            + ("carries no cluster secret" if missing else "carries another cluster's secret")
+            + "; only members of the cluster may call it (docs/security.md)",
+        )
+        yield  # never reached: abort raises
 
     def _note(self, peer: str, method: str, missing: bool) -> None:
         host = peer.rpartition(":")[0] or peer
@@ -165,36 +170,3 @@ class SecretCheck(grpc.aio.ServerInterceptor):
             host,
             "no" if missing else "a wrong",
         )
-
-
-def _refusal(
-    handler: grpc.RpcMethodHandler,
-    method: str,
-    missing: bool,
-    note: Callable[[str, str, bool], None],
-) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that aborts the call as UNAUTHENTICATED
-    before any servicer sees it (a request stream is never read)."""
-    details = (
-        "this is a quorumstore node's internal port, and the call "
-        + ("carries no cluster secret" if missing else "carries another cluster's secret")
-        + "; only members of the cluster may call it (docs/security.md)"
-    )
-
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        note(context.peer(), method, missing)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, details)
-
-    async def refuse_streaming(
-        request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        await refuse(request, context)
-        yield None  # never reached: abort raises
-
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse_streaming)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse_streaming)
-    return grpc.unary_unary_rpc_method_handler(refuse)

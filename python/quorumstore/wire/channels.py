@@ -1,7 +1,8 @@
 """gRPC channel and server options, and listening on an address.
 
-Every process of a cluster (nodes, the coordinator, clients) speaks with the same
-message size limit: a bulk write's entry travels to each follower in one message.
+Every process of a cluster (nodes, the coordinator, clients) sends messages of up to
+the same size: a bulk write's entry travels to each follower in one message. A node's
+client port alone receives less, its `max_request_bytes` (`client_port_options`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,20 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+def client_port_options(max_request_bytes: int) -> list[tuple[str, int]]:
+    """The options of a node's client port: `SERVER_OPTIONS`, receiving requests of at
+    most `max_request_bytes` (the internal port keeps MAX_MESSAGE_BYTES for replication's
+    large entries). gRPC itself refuses a larger message: RESOURCE_EXHAUSTED, "Received
+    message larger than max (<size> vs. <max_request_bytes>)"."""
+    receive = "grpc.max_receive_message_length"
+    return [
+        *(option for option in SERVER_OPTIONS if option[0] != receive),
+        (receive, max_request_bytes),
+    ]
+
+
 #: A connection whose peer died or is paused (SIGSTOP, cut off) fails its calls with
 #: UNAVAILABLE within about two seconds: a ping every second, answered within a second.
 #: Clients set no long deadlines; these pings notice a peer that stopped answering.
@@ -80,8 +95,14 @@ def probe_port(host: str, port: int) -> None:
         probe.bind(address)
 
 
-def listen(server: grpc.aio.Server, host: str, port: int) -> int:
-    """Binds `server` to host:port (0: any free port); returns the port or raises OSError.
+def listen(
+    server: grpc.aio.Server,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """Binds `server` to host:port (0: any free port), over TLS with `credentials`; returns
+    the port or raises OSError.
 
     A fixed port is probed first, so the error says why (in use, or not an address of
     this machine) and gRPC's C core logs nothing. grpcio reports a failed bind by
@@ -92,7 +113,11 @@ def listen(server: grpc.aio.Server, host: str, port: int) -> int:
         except OSError as e:
             raise OSError(f"cannot listen on {host_port(host, port)}: {e.strerror}") from None
     try:
-        bound = server.add_insecure_port(host_port(host, port))
+        address = host_port(host, port)
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError:
         bound = 0
     if bound == 0:

@@ -23,6 +23,16 @@ class ClientSerial(NamedTuple):
     serial: int
 
 
+#: Invocation metadata of a call's credentials: `Bearer <token>`, as in Oxia.
+AUTHORIZATION_METADATA_KEY = "authorization"
+BEARER_PREFIX = "Bearer "
+
+
+def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    """The metadata that presents `token`."""
+    return ((AUTHORIZATION_METADATA_KEY, f"{BEARER_PREFIX}{token}"),)
+
+
 #: Trailing metadata of a not-leader error that names the shard's current leader.
 LEADER_HINT_METADATA_KEY = "leader-hint"
 

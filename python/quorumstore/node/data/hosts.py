@@ -13,6 +13,7 @@ from typing import Protocol
 
 import grpc
 
+from quorumstore.node.auth.access import AccessDenied, authorize
 from quorumstore.node.data.errors import Refused, invalid
 from quorumstore.proto import replication_pb2
 from quorumstore.protocol.replica import NotLeaderError
@@ -48,8 +49,17 @@ class DataNode(Protocol):
     def now_ms(self) -> int: ...
 
 
+def permit(namespace: str) -> None:
+    """Refuses, with PERMISSION_DENIED, a call its caller may not make to `namespace`."""
+    try:
+        authorize(namespace)
+    except AccessDenied as e:
+        raise Refused(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
+
+
 def find_host(node: DataNode, namespace: str, shard: int, *, leader: bool) -> DataShardHost:
     """The shard's replica here (its leader if `leader`), or the refusal to answer with."""
+    permit(namespace)
     host = node.shard_host(namespace, shard)
     if host is None:
         known = any(

@@ -33,11 +33,12 @@ from quorumstore.arrow.ipc import ipc_bytes
 from quorumstore.node.aborts import abort
 from quorumstore.node.data.changes import change_chunks
 from quorumstore.node.data.errors import Refused, invalid
-from quorumstore.node.data.hosts import DataNode, find_host, leader_snapshot, snapshot
+from quorumstore.node.data.hosts import DataNode, find_host, leader_snapshot, permit, snapshot
 from quorumstore.node.data.scans import index_chunks, scan_chunks, split
 from quorumstore.node.data.staging import StagedRows
 from quorumstore.node.data.validation import check_rows, key_ranges, read_rows
 from quorumstore.node.data.writes import MAX_ENTRY_BYTES, PIECE_BYTES, ArrowWrites
+from quorumstore.node.limits import RequestLimits, client_of
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
 from quorumstore.protocol.types import LogPosition
@@ -75,9 +76,10 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
         threads: int = 2,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
         piece_bytes: int = PIECE_BYTES,
+        request_limits: RequestLimits = RequestLimits(),
     ) -> None:
         self._node = node
-        self._staged = StagedRows(staging_root)
+        self._staged = StagedRows(staging_root, request_limits)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="qs-data")
         self._writes = ArrowWrites(node, self._staged, self._run, max_entry_bytes, piece_bytes)
 
@@ -105,6 +107,10 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
     async def ListShards(
         self, request: pb.ListShardsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListShardsResponse:
+        try:
+            permit(request.namespace)
+        except Refused as e:
+            await e.abort(context)
         table = self._node.assignments()
         for ns in table.namespaces:
             if ns.namespace == request.namespace:
@@ -206,7 +212,7 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             find_host(self._node, request.namespace, request.shard, leader=True)
             rows = read_rows(request.ipc, "the staged rows")
             check_rows(rows, unique_keys=False)
-            if await self._run(self._staged.put, path, request.ipc):
+            if await self._run(self._staged.put, path, request.ipc, client_of(context)):
                 await self._writes.discard_replicated(None)
         except Refused as e:
             await e.abort(context)

@@ -4,6 +4,10 @@ Staged rows live in `<staging root>/<write id>/<namespace>/<shard>/<part>.<chunk
 They are not replicated: a leader change between staging and publishing makes the
 publish fail (FAILED_PRECONDITION), and the caller's write fails as a whole. Staged
 rows are dropped when published, by `DiscardStaged`, or after `STAGING_TTL_S`.
+
+Until then they count, by their size on disk, against the client that staged them
+(`max_staged_bytes_per_client`) and against the node (`max_staged_bytes_total`;
+docs/limits.md). Rows left staged by an earlier run of the node are not counted.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pyarrow as pa
 
 from quorumstore.node.data.errors import Refused, invalid
 from quorumstore.node.data.validation import read_rows
+from quorumstore.node.limits import LimitExceeded, RequestLimits, Tally
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.wire.schemas import ROWS_SCHEMA
 
@@ -30,12 +35,14 @@ _SWEEP_INTERVAL_S = 600
 
 _WRITE_ID = re.compile(r"[0-9a-f]{32}")
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+#: The one holder of `max_staged_bytes_total`: the node.
+_NODE = ""
 
 
 class StagedRows:
     """Rows kept on this node until published (see the module docstring)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, limits: RequestLimits = RequestLimits()) -> None:
         self.root = root
         self._last_sweep = 0.0
         # Discarded write ids -> when. A task attempt of a failed or finished job may
@@ -43,6 +50,21 @@ class StagedRows:
         # not bring the write's directory back; the lock orders such a put with the drop.
         self._discarded: dict[str, float] = {}
         self._lock = threading.Lock()
+        # Under the lock, as puts run on the service's threads: each staged file's
+        # client and size, by write id, and the bytes they hold of the limits.
+        self._files: dict[str, dict[Path, tuple[str, int]]] = {}
+        self._per_client = Tally(
+            limits,
+            "max_staged_bytes_per_client",
+            lambda client, held: (
+                f"client {client} would have {held} bytes of rows staged on this node with these"
+            ),
+        )
+        self._total = Tally(
+            limits,
+            "max_staged_bytes_total",
+            lambda _, held: f"this node would hold {held} bytes of staged rows with these",
+        )
 
     def _dir(self, write_id: str, namespace: str, shard: int) -> Path:
         if not _WRITE_ID.fullmatch(write_id):
@@ -62,8 +84,9 @@ class StagedRows:
     def check(self, write_id: str, namespace: str, shard: int, part: str, chunk: int) -> Path:
         return self._file(self._dir(write_id, namespace, shard), part, chunk)
 
-    def put(self, path: Path, data: bytes) -> bool:
-        """Keeps `data` at `path`; returns whether the periodic `sweep` ran after it."""
+    def put(self, path: Path, data: bytes, client: str) -> bool:
+        """Keeps `data` at `path`, counted against `client` (LimitExceeded past a limit);
+        returns whether the periodic `sweep` ran after it."""
         write_id = path.relative_to(self.root).parts[0]
         with self._lock:
             if write_id in self._discarded:
@@ -72,11 +95,41 @@ class StagedRows:
                     f"write {write_id} was already published or discarded (its job ended); "
                     "this task attempt's rows are not needed",
                 )
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            self._take(client, len(data))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+            except BaseException:
+                self._give_back(client, len(data))
+                raise
+            files = self._files.setdefault(write_id, {})
+            replaced = files.get(path)  # the same chunk staged again: counted once
+            files[path] = (client, len(data))
+            if replaced is not None:
+                self._give_back(*replaced)
         return self.sweep()
+
+    def _take(self, client: str, size: int) -> None:
+        self._per_client.take(client, size)
+        try:
+            self._total.take(_NODE, size)
+        except LimitExceeded:
+            self._per_client.give_back(client, size)
+            raise
+
+    def _give_back(self, client: str, size: int) -> None:
+        self._per_client.give_back(client, size)
+        self._total.give_back(_NODE, size)
+
+    def _forget(self, write_id: str, directory: Path) -> None:
+        """Gives back the files of `write_id` under `directory`, which is deleted."""
+        files = self._files.get(write_id, {})
+        for path in [p for p in files if p.is_relative_to(directory)]:
+            self._give_back(*files.pop(path))
+        if not files:
+            self._files.pop(write_id, None)
 
     def rows(
         self, write_id: str, namespace: str, shard: int, parts: Sequence[pb.StagedPart]
@@ -118,6 +171,7 @@ class StagedRows:
         with self._lock:
             self._discarded[write_id] = time.time()
             shutil.rmtree(directory, ignore_errors=True)
+            self._forget(write_id, directory)
 
     def sweep(self) -> bool:
         """Drops staged rows older than STAGING_TTL_S, at most every _SWEEP_INTERVAL_S;
@@ -133,7 +187,9 @@ class StagedRows:
         for entry in self.root.iterdir():
             try:
                 if now - entry.stat().st_mtime > STAGING_TTL_S:
-                    shutil.rmtree(entry, ignore_errors=True)
+                    with self._lock:
+                        shutil.rmtree(entry, ignore_errors=True)
+                        self._forget(entry.name, entry)
             except FileNotFoundError:
                 pass
         return True

@@ -48,6 +48,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from quorumstore.event_loops import abandon
+from quorumstore.node.auth.access import relayed_credentials
 from quorumstore.node.oxia.errors import RequestError, not_leader
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.wire.channels import RELAY_CHANNEL_OPTIONS
@@ -61,6 +62,7 @@ from quorumstore.wire.metadata import (
     Routing,
 )
 from quorumstore.wire.status import OxiaCode
+from quorumstore.wire.tls import TlsConfig, open_aio_channel
 
 _GATEWAY_USER_AGENT_PREFIX = "grpc-python"
 
@@ -107,8 +109,9 @@ def may_relay(context: grpc.aio.ServicerContext) -> bool:
 
 def _relay_metadata(carried: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
     """Metadata of a relayed call: the mark that it was relayed, and what the call
-    carries on to the leader (a write's exactly-once client id and serial)."""
-    return [(FORWARDED_METADATA_KEY, "1"), *carried]
+    carries on to the leader (the caller's credentials, a write's exactly-once client id
+    and serial)."""
+    return [(FORWARDED_METADATA_KEY, "1"), *relayed_credentials(), *carried]
 
 
 def _serial_metadata(origin: ClientSerial | None) -> list[tuple[str, str]]:
@@ -179,17 +182,18 @@ class Relays:
     failure becomes this node's `RequestError`. Calls follow the shard's leader as the
     module docstring says, within `timeout_s` per answer."""
 
-    def __init__(self, leaders: Leaders, timeout_s: float) -> None:
+    def __init__(self, leaders: Leaders, timeout_s: float, tls: TlsConfig | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError(f"the relay timeout must be positive, got {timeout_s}")
         self._leaders = leaders
         self._timeout_s = timeout_s
+        self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def stub(self, address: str) -> oxia_client_pb2_grpc.OxiaClientStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=RELAY_CHANNEL_OPTIONS)
+            channel = open_aio_channel(address, RELAY_CHANNEL_OPTIONS, self._tls)
             self._channels[address] = channel
         return oxia_client_pb2_grpc.OxiaClientStub(channel)
 

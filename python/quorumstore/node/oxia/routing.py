@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from quorumstore.node.auth.access import AccessDenied, authorize
 from quorumstore.node.oxia import relay
 from quorumstore.node.oxia.errors import RequestError, invalid, not_leader
 from quorumstore.proto import oxia_client_pb2 as pb
@@ -127,6 +128,14 @@ def shard_index(table: replication_pb2.ShardAssignmentsUpdate) -> dict[int, tupl
     }
 
 
+def permit(namespace: str) -> None:
+    """Refuses, with PERMISSION_DENIED, a call its caller may not make to `namespace`."""
+    try:
+        authorize(namespace)
+    except AccessDenied as e:
+        raise RequestError(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
+
+
 class Router:
     """Finds the replica of a named shard on this node, or the leader to relay to."""
 
@@ -154,6 +163,7 @@ class Router:
             gateway = relay.routing_of(context) is Routing.GATEWAY
         except ValueError as e:
             raise invalid(str(e)) from None
+        permit(namespace)
         last_sent: pb.ShardAssignments | None = None
         while True:
             table = self.directory.assignments()
@@ -176,6 +186,7 @@ class Router:
         located = self._index.get(request_shard)
         if located is None:
             raise invalid(f"unknown shard {request_shard}: it is in no namespace of this cluster")
+        permit(located[0])
         return (request_shard, *located)
 
     def _leader(self, request_shard: int | None) -> tuple[int, ShardHostApi | None, str | None]:

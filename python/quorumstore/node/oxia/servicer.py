@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from quorumstore.node.limits import RequestLimits, client_of
 from quorumstore.node.oxia.errors import RequestError, invalid
 from quorumstore.node.oxia.reads import (
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -37,6 +38,7 @@ from quorumstore.node.oxia.writes import Writes
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
+from quorumstore.wire.tls import TlsConfig
 
 _T = TypeVar("_T")
 
@@ -61,6 +63,8 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
         stream_recheck_interval_s: float = DEFAULT_STREAM_RECHECK_INTERVAL_S,
         session_clock_ms: Callable[[], int] = monotonic_ms,
         relay_timeout_s: float = DEFAULT_RELAY_TIMEOUT_MS / 1000,
+        relay_tls: TlsConfig | None = None,
+        request_limits: RequestLimits = RequestLimits(),
     ) -> None:
         limits = {
             "max_key_bytes": max_key_bytes,
@@ -76,11 +80,14 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 raise ValueError(f"{name} must be positive, got {value}")
         self._max_inflight_stream_writes = max_inflight_stream_writes
         self._router = Router(directory)
-        self._relays = Relays(self._router, relay_timeout_s)
+        self._relays = Relays(self._router, relay_timeout_s, relay_tls)
         self._validator = Validator(max_key_bytes, max_value_bytes)
-        self._writes = Writes(self._router, self._relays, self._validator)
+        self._request_limits = request_limits
+        self._writes = Writes(self._router, self._relays, self._validator, request_limits)
         self._reads = Reads(max_response_items, max_response_bytes)
-        self._sessions = Sessions(self._router, session_clock_ms, session_check_interval_s)
+        self._sessions = Sessions(
+            self._router, session_clock_ms, session_check_interval_s, request_limits
+        )
         self._streams = ChangeStreams(self._router, stream_recheck_interval_s)
 
     async def close(self) -> None:
@@ -173,12 +180,16 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
     async def Read(
         self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ReadResponse]:
+        def check() -> None:
+            self._request_limits.check_ops(len(request.gets))
+            self._validator.check_gets(request.gets)
+
         responses = self._streamed(
             "Read",
             request,
             request.shard if request.HasField("shard") else None,
             context,
-            lambda: self._validator.check_gets(request.gets),
+            check,
             lambda host: self._reads.read(host, request.shard, request.gets),
         )
         async with aclosing(responses):
@@ -227,7 +238,7 @@ class OxiaClientServicer(oxia_client_pb2_grpc.OxiaClientServicer):
                 return await self._relays.unary(
                     target, "CreateSession", request, request.shard, context
                 )
-            return await self._sessions.create(target, request)
+            return await self._sessions.create(target, request, client_of(context))
 
         return await self._unary(answer, context)
 

@@ -7,6 +7,10 @@ than its timeout it proposes the session's close, a replicated write that delete
 session's ephemeral records with it. A leader of a new term cannot know when the
 sessions last heartbeated to its predecessor, so it starts every session's clock
 afresh: each gets its full timeout as grace.
+
+The leader also counts the sessions it created per client (`max_sessions_per_client`,
+docs/limits.md), from the create until the session is closed or expires, or until the
+leader loses its clocks; sessions a leader did not create itself count against nobody.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from quorumstore.node.limits import RequestLimits, Tally
 from quorumstore.node.oxia.errors import session_not_found
 from quorumstore.node.oxia.routing import Router, ShardHostApi
 from quorumstore.node.oxia.writes import replicate
@@ -52,24 +57,39 @@ class _Clocks:
     timeouts: dict[int, int] = field(default_factory=dict)
     deadlines: dict[int, int] = field(default_factory=dict)
     closing: set[int] = field(default_factory=set)
+    #: The client each session this leader created counts against (`limits.client_of`).
+    owners: dict[int, str] = field(default_factory=dict)
 
     def start(self, session_id: int, timeout_ms: int, now_ms: int) -> None:
         self.timeouts[session_id] = timeout_ms
         self.deadlines[session_id] = now_ms + timeout_ms
 
-    def forget(self, session_id: int) -> None:
+    def forget(self, session_id: int) -> str | None:
+        """Drops the session's clock; returns the client it counted against, if any."""
         self.timeouts.pop(session_id, None)
         self.deadlines.pop(session_id, None)
         self.closing.discard(session_id)
+        return self.owners.pop(session_id, None)
 
 
 class SessionKeeper:
-    """Session clocks of every shard this node leads, keyed by the shard's host object."""
+    """Session clocks of every shard this node leads, keyed by the shard's host object,
+    and the sessions each client has open among them."""
 
-    def __init__(self, now_ms: Callable[[], int]) -> None:
+    def __init__(self, now_ms: Callable[[], int], limits: RequestLimits = RequestLimits()) -> None:
         self._now_ms = now_ms
         self._clocks: dict[int, _Clocks] = {}
         self._closing: set[asyncio.Future[None]] = set()
+        #: Sessions per client: taken before a create is replicated, given back when the
+        #: clock that records its owner is dropped.
+        self.per_client = Tally(
+            limits,
+            "max_sessions_per_client",
+            lambda client, held: (
+                f"client {client} would have {held} sessions open on the "
+                "shards this node leads with this one"
+            ),
+        )
 
     def _for(self, host: LeaderShard) -> _Clocks:
         """The clocks of a shard led here, restarted when its leader's term changed."""
@@ -77,6 +97,8 @@ class SessionKeeper:
         term = reader.applied_position.term
         clocks = self._clocks.get(id(host))
         if clocks is None or clocks.term != term:
+            if clocks is not None:
+                self._drop(clocks)
             clocks = _Clocks(term)
             now = self._now_ms()
             for info in reader.open_sessions():
@@ -84,9 +106,11 @@ class SessionKeeper:
             self._clocks[id(host)] = clocks
         return clocks
 
-    def started(self, host: LeaderShard, session_id: int, timeout_ms: int) -> None:
-        """A session this leader just created."""
-        self._for(host).start(session_id, timeout_ms, self._now_ms())
+    def started(self, host: LeaderShard, session_id: int, timeout_ms: int, owner: str) -> None:
+        """A session this leader just created for `owner`, already counted in `per_client`."""
+        clocks = self._for(host)
+        clocks.start(session_id, timeout_ms, self._now_ms())
+        clocks.owners[session_id] = owner
 
     def heartbeat(self, host: LeaderShard, session_id: int) -> bool:
         """Restarts the session's clock; False if the shard has no such open session."""
@@ -104,7 +128,19 @@ class SessionKeeper:
     def forget(self, host: LeaderShard, session_id: int) -> None:
         clocks = self._clocks.get(id(host))
         if clocks is not None:
-            clocks.forget(session_id)
+            self._forget(clocks, session_id)
+
+    def _forget(self, clocks: _Clocks, session_id: int) -> None:
+        owner = clocks.forget(session_id)
+        if owner is not None:
+            self.per_client.give_back(owner)
+
+    def _drop(self, clocks: _Clocks) -> None:
+        """Gives back the sessions of clocks no longer kept (a closing one may still
+        finish and forget its session: it is no longer counted)."""
+        for owner in clocks.owners.values():
+            self.per_client.give_back(owner)
+        clocks.owners.clear()
 
     def expire(
         self, hosts: list[LeaderShard], close: Callable[[LeaderShard, int], Awaitable[None]]
@@ -117,7 +153,7 @@ class SessionKeeper:
         """
         led = {id(h) for h in hosts if h.is_leader()}
         for key in [k for k in self._clocks if k not in led]:
-            del self._clocks[key]
+            self._drop(self._clocks.pop(key))
         now = self._now_ms()
         for host in hosts:
             if id(host) not in led:
@@ -149,7 +185,7 @@ class SessionKeeper:
             clocks.closing.discard(session_id)
             return
         log.info("session %d expired and was closed", session_id)
-        clocks.forget(session_id)
+        self._forget(clocks, session_id)
 
 
 class Sessions:
@@ -158,11 +194,15 @@ class Sessions:
     it: it starts that task there (`close()` stops it)."""
 
     def __init__(
-        self, router: Router, clock_ms: Callable[[], int], check_interval_s: float
+        self,
+        router: Router,
+        clock_ms: Callable[[], int],
+        check_interval_s: float,
+        limits: RequestLimits,
     ) -> None:
         self._router = router
         self._check_interval_s = check_interval_s
-        self._keeper = SessionKeeper(clock_ms)
+        self._keeper = SessionKeeper(clock_ms, limits)
         self._expiry = asyncio.get_running_loop().create_task(self._expire())
 
     def close(self) -> None:
@@ -171,16 +211,22 @@ class Sessions:
         self._keeper.cancel()
 
     async def create(
-        self, host: ShardHostApi, request: pb.CreateSessionRequest
+        self, host: ShardHostApi, request: pb.CreateSessionRequest, client: str
     ) -> pb.CreateSessionResponse:
+        """Creates a session counted against `client` (refused past its limit)."""
         timeout = request.session_timeout_ms
         batch = WriteBatchBuilder()
         batch.add_create_session(timeout, request.client_identity)
         now_ms = self._router.directory.now_ms()
-        result = await replicate(host, request.shard, batch.build(now_ms))
+        self._keeper.per_client.take(client)
+        try:
+            result = await replicate(host, request.shard, batch.build(now_ms))
+        except BaseException:
+            self._keeper.per_client.give_back(client)
+            raise
         session_id = result.results[0].session_id
         assert session_id is not None, "a session create returned no session id"
-        self._keeper.started(host, session_id, timeout)
+        self._keeper.started(host, session_id, timeout, client)
         return pb.CreateSessionResponse(session_id=session_id)
 
     def keep_alive(self, host: ShardHostApi, request: pb.SessionHeartbeat) -> pb.KeepAliveResponse:

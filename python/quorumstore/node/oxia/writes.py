@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import grpc
 import pyarrow as pa
 
+from quorumstore.node.limits import RequestLimits
 from quorumstore.node.oxia.errors import RequestError, invalid, not_leader
 from quorumstore.node.oxia.plain_puts import PlainPuts
 from quorumstore.node.oxia.reads import fill_version
@@ -125,10 +126,13 @@ async def replicate(host: ShardHostApi, shard: int, payload: bytes) -> EntryResu
 class Writes:
     """Checks, routes and replicates the Oxia writes of one node's shards."""
 
-    def __init__(self, router: Router, relays: Relays, validator: Validator) -> None:
+    def __init__(
+        self, router: Router, relays: Relays, validator: Validator, limits: RequestLimits
+    ) -> None:
         self._router = router
         self._relays = relays
         self._validator = validator
+        self._limits = limits
         self._coalescers: weakref.WeakKeyDictionary[
             ShardHostApi, WriteCoalescer[PlainPuts | None]
         ] = weakref.WeakKeyDictionary()
@@ -142,6 +146,9 @@ class Writes:
     ) -> pb.WriteResponse:
         """One write; a relayed one first waits for `previous` (the stream's write before
         it), so that a stream's writes reach their leaders in request order."""
+        self._limits.check_ops(
+            len(request.puts) + len(request.deletes) + len(request.delete_ranges)
+        )
         shard = request.shard if request.HasField("shard") else None
         target = self._router.route(shard, context)
         plain = self._validator.check_write(request)

@@ -52,6 +52,9 @@ final class WireException(
   def namespaceNotFound: Boolean =
     code == "NOT_FOUND" || String.valueOf(description).startsWith("oxia: namespace not found")
 
+  /** The cluster refused the call's credentials or their principal: no retry helps. */
+  def refusedCredentials: Boolean = code == "UNAUTHENTICATED" || code == "PERMISSION_DENIED"
+
   /** Whether retrying (after refreshing shard assignments) may succeed. */
   def retryable: Boolean = code match {
     case "UNAVAILABLE" | "DEADLINE_EXCEEDED" | "ABORTED" | "RESOURCE_EXHAUSTED" | "CANCELLED" =>

@@ -1,11 +1,12 @@
 package io.quorumstore.spark.state
 
 import java.io.InputStream
+import java.net.{InetAddress, UnknownHostException}
 import java.util.concurrent.TimeUnit
 
 import scala.jdk.CollectionConverters._
 
-import org.sparkproject.connect.grpc.{CallOptions, ManagedChannel, ManagedChannelBuilder, Metadata, MethodDescriptor, StatusException, StatusRuntimeException}
+import org.sparkproject.connect.grpc.{CallOptions, Channel, ClientCall, ClientInterceptor, ForwardingClientCall, Grpc, ManagedChannel, ManagedChannelBuilder, Metadata, MethodDescriptor, StatusException, StatusRuntimeException, TlsChannelCredentials}
 import org.sparkproject.connect.grpc.stub.ClientCalls
 import org.sparkproject.connect.protobuf.{ByteString, DescriptorProtos, Descriptors, DynamicMessage}
 
@@ -77,10 +78,43 @@ object OxiaWire {
     def close(): Unit = channel.shutdownNow()
   }
 
-  def connect(address: String): Connection = {
-    val channel = ManagedChannelBuilder.forTarget(address).usePlaintext()
-      .maxInboundMessageSize(MaxInboundBytes).build()
-    new Connection(address, channel)
+  /** A channel to `address`: TLS when `security` names a trusted CA, and its token on
+   * every call. A token is refused for a plaintext channel beyond loopback, so that it
+   * never crosses a network in the clear. */
+  def connect(address: String, security: WireSecurity): Connection = {
+    val builder: ManagedChannelBuilder[_] = security.trustedCaFile match {
+      case Some(ca) =>
+        Grpc.newChannelBuilder(address, TlsChannelCredentials.newBuilder().trustManager(ca).build())
+      case None =>
+        if (security.token.nonEmpty && !isLoopback(address)) {
+          throw new IllegalArgumentException(s"spark.quorumstore.auth.token is sent only over " +
+            s"TLS, and $address is not a loopback address; set spark.quorumstore.tls.trustedCaFile")
+        }
+        ManagedChannelBuilder.forTarget(address).usePlaintext()
+    }
+    security.token.foreach(token => builder.intercept(new BearerToken(token)))
+    builder.maxInboundMessageSize(MaxInboundBytes)
+    new Connection(address, builder.build())
+  }
+
+  private def isLoopback(address: String): Boolean = {
+    val host = address.take(address.lastIndexOf(':')).stripPrefix("[").stripSuffix("]")
+    try InetAddress.getAllByName(host).forall(_.isLoopbackAddress)
+    catch { case _: UnknownHostException => false }
+  }
+
+  /** Adds `authorization: Bearer <token>` to every call's headers. */
+  private final class BearerToken(token: String) extends ClientInterceptor {
+    private val key = Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER)
+
+    override def interceptCall[Q, R](
+        method: MethodDescriptor[Q, R], options: CallOptions, next: Channel): ClientCall[Q, R] =
+      new ForwardingClientCall.SimpleForwardingClientCall[Q, R](next.newCall(method, options)) {
+        override def start(listener: ClientCall.Listener[R], headers: Metadata): Unit = {
+          headers.put(key, s"Bearer $token")
+          super.start(listener, headers)
+        }
+      }
   }
 
   // ------------------------------------------------------------------ helpers

@@ -13,12 +13,13 @@ import org.apache.spark.internal.Logging
  * assignments (from any configured or previously known node) and retries until the
  * operation's time budget is spent. One instance per (addresses, namespace) per JVM.
  */
-final class QuorumClient private (val addresses: Seq[String], val namespace: String) extends Logging {
+final class QuorumClient private (
+    val addresses: Seq[String], val namespace: String, security: WireSecurity) extends Logging {
   private val connections = new ConcurrentHashMap[String, OxiaWire.Connection]()
   @volatile private var assignments: Seq[ShardAssignment] = Nil
 
   private def connection(address: String): OxiaWire.Connection =
-    connections.computeIfAbsent(address, a => OxiaWire.connect(a))
+    connections.computeIfAbsent(address, a => OxiaWire.connect(a, security))
 
   /** The shard holding every record written with `partitionKey`. */
   def shardFor(partitionKey: String, timeoutMs: Long): ShardAssignment = {
@@ -48,6 +49,10 @@ final class QuorumClient private (val addresses: Seq[String], val namespace: Str
         case e: WireException if e.namespaceNotFound =>
           throw new IllegalArgumentException(s"${QuorumConf.Namespace}: the quorumstore " +
             s"cluster at $address has no namespace '$namespace' (${e.description})", e)
+        case e: WireException if e.refusedCredentials =>
+          throw new SecurityException(s"the quorumstore cluster at $address refused this " +
+            s"application's credentials (${QuorumConf.Token}, ${QuorumConf.TrustedCaFile}): " +
+            e.getMessage, e)
         case NonFatal(e) => lastError = e
       }
     }
@@ -145,9 +150,12 @@ final class QuorumUnavailableException(message: String, cause: Throwable)
     "quorumstore cluster is running and reachable from the executors.", cause)
 
 object QuorumClient {
-  private val clients = new ConcurrentHashMap[(Seq[String], String), QuorumClient]()
+  private val clients =
+    new ConcurrentHashMap[(Seq[String], String, WireSecurity), QuorumClient]()
 
-  /** The JVM-wide client for `addresses` (comma-separated "host:port") and `namespace`. */
-  def shared(addresses: Seq[String], namespace: String): QuorumClient =
-    clients.computeIfAbsent((addresses, namespace), k => new QuorumClient(k._1, k._2))
+  /** The JVM-wide client for `addresses` (comma-separated "host:port") and `namespace`,
+   * secured by `security`. */
+  def shared(addresses: Seq[String], namespace: String, security: WireSecurity): QuorumClient =
+    clients.computeIfAbsent((addresses, namespace, security),
+      k => new QuorumClient(k._1, k._2, k._3))
 }

@@ -25,7 +25,18 @@ final case class QuorumConf(
     snapshotInterval: Int,
     chunkBytes: Int,
     maxWriteBytes: Int,
-    localDir: File)
+    localDir: File,
+    security: WireSecurity)
+
+/**
+ * How the provider's calls are secured: the nodes' certificates checked against
+ * `trustedCaFile` (TLS), and `token` presented as `authorization: Bearer <token>` on
+ * every call. A token travels only over TLS or to a loopback address.
+ */
+final case class WireSecurity(trustedCaFile: Option[File], token: Option[String]) {
+  override def toString: String =
+    s"WireSecurity(trustedCaFile=$trustedCaFile, token=${token.map(_ => "<hidden>")})"
+}
 
 object QuorumConf extends Logging {
   val Address = "spark.quorumstore.address"
@@ -37,6 +48,8 @@ object QuorumConf extends Logging {
   val ChunkBytes = "spark.quorumstore.stateStore.chunkBytes"
   val MaxWriteBytes = "spark.quorumstore.stateStore.maxWriteBytes"
   val LocalDir = "spark.quorumstore.stateStore.localDir"
+  val TrustedCaFile = "spark.quorumstore.tls.trustedCaFile"
+  val Token = "spark.quorumstore.auth.token"
 
   /**
    * Where local copies live unless told: the first of Spark's local directories, found the
@@ -145,7 +158,10 @@ object QuorumConf extends Logging {
       snapshotInterval = positiveInt(SnapshotInterval, 10),
       chunkBytes = chunkBytes,
       maxWriteBytes = maxWriteBytes,
-      localDir = new File(get(LocalDir, defaultLocalDir)).getAbsoluteFile)
+      localDir = new File(get(LocalDir, defaultLocalDir)).getAbsoluteFile,
+      security = WireSecurity(
+        Option(get(TrustedCaFile, "")).filter(_.nonEmpty).map(new File(_).getAbsoluteFile),
+        Option(get(Token, "")).filter(_.nonEmpty)))
   }
 
   /** A segment of a quorumstore key: no '/', which separates key levels. */

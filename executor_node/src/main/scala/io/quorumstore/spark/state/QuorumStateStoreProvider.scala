@@ -75,7 +75,7 @@ class QuorumStateStoreProvider
     // directory that cannot be written to fails the query now, naming the setting.
     FamilyMap.localFile(conf.localDir).close()
     markPartition(stateStoreId, hadoopConf)
-    val client = QuorumClient.shared(conf.addresses, conf.namespace)
+    val client = QuorumClient.shared(conf.addresses, conf.namespace, conf.security)
     partition = new PartitionStore(client,
       new StateKeys(PartitionKey(conf, stateStoreId, hadoopConf)), conf,
       stateStoreId.checkpointRootLocation)
