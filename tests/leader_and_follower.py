@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -22,11 +23,14 @@ from quorumstore.wire import replication as wire
 
 
 @asynccontextmanager
-async def leader_and_follower(data_dir: Path, shard: ShardKey) -> AsyncIterator[tuple[Node, Node]]:
-    """Starts both nodes, makes the first the shard's leader in term 1 with replication
-    factor 2 (each write commits on the follower's Ack), and stops both on leaving."""
-    leader = Node(NodeConfig(data_dir / "a", port=0))
-    follower = Node(NodeConfig(data_dir / "b", port=0))
+async def leader_and_follower(
+    data_dir: Path, shard: ShardKey, **config: Any
+) -> AsyncIterator[tuple[Node, Node]]:
+    """Starts both nodes (each with the `NodeConfig` options in `config`), makes the
+    first the shard's leader in term 1 with replication factor 2 (each write commits on
+    the follower's Ack), and stops both on leaving."""
+    leader = Node(NodeConfig(data_dir / "a", port=0, **config))
+    follower = Node(NodeConfig(data_dir / "b", port=0, **config))
     nodes = [await leader.start(), await follower.start()]
     internal = [leader.internal_address, follower.internal_address]
     leader.transport.set_internal_addresses(dict(zip(nodes, internal, strict=True)))

@@ -38,3 +38,28 @@ def test_bytes_that_are_no_whole_stream_raise_one_error(cut: int) -> None:
     for read in (read_ipc, ipc_batches):
         with pytest.raises(NotIpcStream):
             read(damaged)
+
+
+def test_a_field_name_that_is_not_utf8_makes_no_stream() -> None:
+    """pyarrow reads such a table and fails only where a name is read (found by fuzzing
+    the data service): a nested one too."""
+    table = pa.table({"kx": [1], "s": pa.array([{"nx": 1}])})
+    for name in (b"kx", b"nx"):
+        damaged = ipc_bytes(table).replace(name, name[:1] + b"\xd7")
+        with pytest.raises(NotIpcStream):
+            read_ipc(damaged)
+
+
+def test_a_compressed_buffer_too_large_to_allocate_makes_no_stream() -> None:
+    """A buffer's stated size, which its reader allocates, is the sender's word (found by
+    fuzzing the data service): pyarrow's MemoryError counts as damage too."""
+    table = pa.table({"v": pa.array([b"a" * 1000], pa.binary())})
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    stated = (1000).to_bytes(8, "little")
+    damaged = sink.getvalue().to_pybytes().replace(stated, (1 << 60).to_bytes(8, "little"))
+    for read in (read_ipc, ipc_batches):
+        with pytest.raises(NotIpcStream):
+            read(damaged)

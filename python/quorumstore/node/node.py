@@ -49,6 +49,7 @@ from quorumstore.wire import replication as wire
 from quorumstore.wire.addresses import host_port
 from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.channels import SERVER_OPTIONS, client_port_options, listen
+from quorumstore.wire.guards import RequestParsing
 from quorumstore.wire.membership import Membership
 from quorumstore.wire.tls import TlsConfig, check_plaintext_exposure, server_credentials
 
@@ -139,7 +140,11 @@ class Node:
         token_checks = [] if config.auth is None else [TokenCheck(config.auth, lambda: self.name)]
         self._server = grpc.aio.server(
             options=client_port_options(config.limits.max_request_bytes),
-            interceptors=[*token_checks, CallLimits(config.limits, lambda: self.name)],
+            interceptors=[
+                *token_checks,
+                CallLimits(config.limits, lambda: self.name),
+                RequestParsing(),
+            ],
         )
         self._internal = self.membership.server(SERVER_OPTIONS, lambda: self.name)
         pb_grpc.add_NodeControlServicer_to_server(NodeControl(self), self._internal)

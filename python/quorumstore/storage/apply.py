@@ -8,8 +8,8 @@ batch see the effects of the ops before them. The outcome is one KV write, which
 the state machine makes atomically with the entry's position.
 
 The apply is total: an op it cannot apply (an unknown op code, a string that is not
-UTF-8, a null inside a sequence's deltas or an index pair, a session id no session
-can have) gets INVALID_OP and changes nothing, the same on every replica, and the
+UTF-8, a null inside a sequence's deltas or an index pair, a close without a session
+id) gets INVALID_OP and changes nothing, the same on every replica, and the
 entry's other ops apply as usual. The write paths refuse such ops before proposing
 them, so only a buggy or older leader's entries hold them.
 """
@@ -40,7 +40,8 @@ from quorumstore.wire.keys import USER_KEYS_END, encode_key, encode_key_list
 #: The op code an op whose strings are not UTF-8 is applied as: none, so INVALID_OP.
 _NOT_UTF8 = -1
 #: Session ids run from 1 up; closing one scans the ids below the next, so the largest
-#: int64 is no session's.
+#: int64 is no session's: closing it finds no session, as for any id never assigned
+#: (a client may send any int64).
 _MAX_SESSION_ID = (1 << 63) - 2
 _PUT, _DELETE, _DELETE_RANGE = Op.PUT.value, Op.DELETE.value, Op.DELETE_RANGE.value
 _CREATE_SESSION, _CLOSE_SESSION = Op.CREATE_SESSION.value, Op.CLOSE_SESSION.value
@@ -327,8 +328,10 @@ class _EntryOps:
 
     def close_session(self, row: _Row) -> OpResult:
         _, _, _, _, _, _, session_id, _, _, _, _, _ = row
-        if session_id is None or session_id > _MAX_SESSION_ID:
+        if session_id is None:
             return self.invalid(row)
+        if session_id > _MAX_SESSION_ID:
+            return SESSION_DOES_NOT_EXIST
         listed = sessions.close_session(self._internal, session_id)
         if listed is None:
             return SESSION_DOES_NOT_EXIST

@@ -285,7 +285,7 @@ def decode_batch(data: bytes) -> pa.RecordBatch:
     Its strings may still be invalid UTF-8 (`utf8_valid`): the apply refuses those ops."""
     try:
         batches = ipc_batches(data)
-    except (NotIpcStream, pa.ArrowException):
+    except NotIpcStream:
         raise InvalidBatchError("write batch is not an Arrow IPC stream") from None
     if len(batches) != 1:
         raise InvalidBatchError(f"write batch holds {len(batches)} record batches, expected 1")

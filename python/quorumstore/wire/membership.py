@@ -17,6 +17,7 @@ import grpc
 
 from quorumstore.wire.auth import ClusterSecret, SecretCheck, SecretError, is_loopback
 from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS, listen
+from quorumstore.wire.guards import RequestParsing
 from quorumstore.wire.tls import TlsConfig, open_aio_channel
 
 
@@ -48,10 +49,10 @@ class Membership:
     def server(
         self, options: Sequence[tuple[str, object]], server_name: Callable[[], str]
     ) -> grpc.aio.Server:
-        """A server for internal services: calls without the secret end before any
-        servicer sees them."""
+        """A server for internal services: calls without the secret, and requests that
+        do not parse, end before any servicer sees them."""
         checks = [] if self.secret is None else [SecretCheck(self.secret, server_name)]
-        return grpc.aio.server(options=options, interceptors=checks)
+        return grpc.aio.server(options=options, interceptors=[*checks, RequestParsing()])
 
     def listen(self, server: grpc.aio.Server, host: str, port: int) -> int:
         """Binds the internal port: mutual TLS when configured."""

@@ -27,6 +27,9 @@ def read_rows(data: bytes, what: str) -> pa.Table:
     missing = [f.name for f in ROWS_SCHEMA if f.name not in table.column_names]
     if missing:
         raise invalid(f"{what} has no column(s) {missing}; it has {table.column_names}")
+    repeated = [name for name in ROWS_SCHEMA.names if table.column_names.count(name) > 1]
+    if repeated:
+        raise invalid(f"{what} has more than one column named {repeated}")
     table = table.select(ROWS_SCHEMA.names)
     for field in ROWS_SCHEMA:
         column = table.column(field.name)

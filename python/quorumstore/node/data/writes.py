@@ -38,7 +38,7 @@ from quorumstore.storage.write_batch import (
     encode_batch,
     puts_batch,
 )
-from quorumstore.wire.metadata import ClientSerial
+from quorumstore.wire.metadata import MAX_CLIENT_ID_BYTES, ClientSerial
 
 #: Largest write batch one WriteArrow may turn into an entry. The entry travels in one
 #: gRPC message to each follower (256 MiB limit, see wire/channels.py).
@@ -98,6 +98,11 @@ class ArrowWrites:
         if request.has_serial:
             if not request.client_id or request.serial < 0:
                 raise invalid("an exactly-once write needs a client_id and a serial >= 0")
+            if len(request.client_id.encode()) > MAX_CLIENT_ID_BYTES:
+                raise invalid(
+                    f"client_id is {len(request.client_id.encode())} bytes; at most "
+                    f"{MAX_CLIENT_ID_BYTES} are kept per client"
+                )
             origin = ClientSerial(request.client_id, request.serial)
         replace = None
         if request.replace:
