@@ -19,7 +19,6 @@ SparkContext, in case the JVM stops it some other way.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import signal
@@ -111,9 +110,9 @@ class StopClusterHook:
 def main() -> int:
     from pyspark.sql import SparkSession
 
-    import quorumstore.spark
     from quorumstore.spark.conf_keys import warn_unknown_keys
     from quorumstore.spark.config import HostingConfig
+    from quorumstore.spark.hosting import launch
     from quorumstore.spark.node_jobs import spark_stopped
 
     spark = SparkSession.builder.getOrCreate()
@@ -126,9 +125,7 @@ def main() -> int:
         file_settings = read_conf_file(CONF_FILE)
         warn_unknown_keys(file_settings, str(CONF_FILE))
         settings = {**file_settings, **dict(spark.sparkContext.getConf().getAll())}
-        cluster = quorumstore.spark.start(
-            spark, **dataclasses.asdict(HostingConfig.resolve(settings))
-        )
+        cluster = launch(spark, HostingConfig.resolve(settings))
     except (ValueError, RuntimeError, OSError) as e:
         print(f"quorumstore: error: {e}", file=sys.stderr, flush=True)
         spark.stop()

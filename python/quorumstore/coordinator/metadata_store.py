@@ -1,14 +1,26 @@
-"""Durable coordinator metadata at a local path or any fsspec URL.
+"""Durable coordinator metadata at a local path or any fsspec URL, held by one coordinator.
 
 The metadata (ensembles, terms, leaders, live replica sets) must survive the
 coordinator, and often the machine it ran on, so it can live on shared storage
 (s3://, hdfs://, ...). Every save replaces the whole record atomically: a local file
 is written beside the target, fsynced and renamed; object stores replace an object in
 one put.
+
+Two coordinators on one location would overwrite each other's terms and fence each
+other's leaders, so a coordinator holds the location while it runs (`hold`). A local
+path is held with an advisory `flock` on a lock file beside it, which the kernel
+releases when the process dies, kill -9 included; the file names the holder for the
+error the next coordinator reports. Other filesystems are not held: fsspec has no
+portable conditional write (S3's If-Match and GCS's generations are each
+filesystem's own API), so on an object store running one coordinator per URL is the
+operator's job.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import socket
 from pathlib import Path
 
 import fsspec
@@ -18,9 +30,18 @@ from quorumstore.protocol.coordinator import ClusterMetadata
 from quorumstore.storage.durable_files import replace_durably
 from quorumstore.wire import replication as wire
 
+#: What a damaged record's error says to do: the coordinator rebuilds missing metadata
+#: from the replicas' own terms and logs (see `CoordinatorServer.start`).
+_REBUILD_ADVICE = (
+    "move it aside and start the coordinator again with the nodes, shard count and "
+    "replication factor the cluster was created with: it rebuilds the metadata from the "
+    "replicas. To start a new cluster instead, point it at a new location"
+)
+
 
 class MetadataError(ValueError):
-    """The saved metadata cannot be used: unreadable, or for other nodes than configured."""
+    """The saved metadata cannot be used: unreadable, held by another coordinator, or for
+    other nodes than configured."""
 
 
 class MetadataStore:
@@ -36,6 +57,44 @@ class MetadataStore:
         self._local = (
             self._fs.protocol in ("file", ("file", "local")) or "file" in self._fs.protocol
         )
+        self._lock_fd: int | None = None
+
+    @property
+    def lock_path(self) -> Path | None:
+        """The lock file of a local location; None on other filesystems (never held)."""
+        return Path(self._path + ".lock") if self._local else None
+
+    def hold(self) -> None:
+        """Takes the location for this store until `release` or the process's end; raises
+        MetadataError, naming the holder, if another coordinator has it."""
+        path = self.lock_path
+        if path is None or self._lock_fd is not None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 512).decode(errors="replace").strip() or "a process"
+            os.close(fd)
+            raise MetadataError(
+                f"coordinator metadata at {self.url} is in use by another coordinator "
+                f"({holder}, holding {path}); run one coordinator per metadata location: "
+                "stop that one first, or give this one another location"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        """Lets another coordinator take the location; the lock file stays (deleting it
+        would let two coordinators lock two different files of one name)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def load(self) -> ClusterMetadata | None:
         """The saved metadata, or None if nothing was saved yet."""
@@ -47,13 +106,12 @@ class MetadataStore:
             record.ParseFromString(data)
         except Exception as e:
             raise MetadataError(
-                f"coordinator metadata at {self.url} is unreadable ({e}); restore it from a backup "
-                "or point the coordinator at a new location to start a new cluster"
+                f"coordinator metadata at {self.url} is unreadable ({e}); {_REBUILD_ADVICE}"
             ) from e
         if not record.shards:  # never saved so: every cluster has a shard at least
             raise MetadataError(
-                f"coordinator metadata at {self.url} describes no shards (an empty or truncated "
-                "file?); restore it from a backup or point the coordinator at a new location"
+                f"coordinator metadata at {self.url} describes no shards (an empty or "
+                f"truncated file?); {_REBUILD_ADVICE}"
             )
         return wire.metadata_from_pb(record)
 

@@ -9,6 +9,11 @@ Nodes are named by their client addresses (the metadata and the table clients re
 those); the coordinator reaches each at its internal address, with the cluster secret
 on every call, and hands the cluster's internal addresses to every node on its health
 stream, so that leaders can reach their followers.
+
+It holds its metadata location while it runs (one coordinator per location), and
+rebuilds missing metadata from its configuration once the nodes' first health reports
+show that the replicas fit it: the shards then elect above the terms the replicas are
+in, the replica with the longest log leading.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from quorumstore.protocol.messages import (
     NewTerm,
     NodeStatus,
     NodeUnreachable,
+    ShardKey,
     StatusRequest,
 )
 from quorumstore.wire import replication as wire
@@ -62,6 +68,10 @@ log = logging.getLogger(__name__)
 #: Retry delays of a failed metadata save: the first, doubled up to the last.
 SAVE_RETRY_FIRST_S = 0.1
 SAVE_RETRY_MAX_S = 5.0
+#: Without saved metadata, how long to wait for a node that neither reports nor refuses
+#: the connection (unreachable nodes answer at once) before deciding without it whether
+#: replicas exist: a node started later is then checked by its terms alone.
+FIRST_REPORTS_WAIT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,9 @@ class CoordinatorServer:
         self.engine: Coordinator | None = None
         self._links: dict[str, _NodeLink] = {}
         self._reports: dict[str, pb.HealthReport] = {}
+        #: Before the engine exists: each node's latest report, None if it was unreachable.
+        self._early_reports: dict[str, NodeStatus | None] = {}
+        self._all_answered = asyncio.Event()
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -221,15 +234,33 @@ class CoordinatorServer:
                 [self.config.admin_host], self.config.tls, "the coordinator's status port"
             )
         loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.store.hold)
+        try:
+            await self._start_engine(loop)
+            if self.config.admin_port is not None:
+                self._admin = grpc.aio.server(options=SERVER_OPTIONS)
+                pb_grpc.add_CoordinatorAdminServicer_to_server(_Admin(self), self._admin)
+                port = listen(
+                    self._admin,
+                    self.config.admin_host,
+                    self.config.admin_port,
+                    server_credentials(self.config.tls),
+                )
+                self.admin_address = host_port(self.config.admin_host, port)
+                await self._admin.start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_engine(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Loads or makes the metadata and starts the engine on it; the links report
+        from the start, into `_early_reports` until the engine exists."""
+        for address in self.config.nodes:
+            self._links[address] = _NodeLink(self, address, self.config.internal_addresses[address])
         metadata = await loop.run_in_executor(None, self.store.load)
         if metadata is None:
-            metadata = initial_metadata(
-                self.config.nodes, self.config.namespaces, self.config.replication_factor
-            )
+            metadata = await self._new_metadata()
             await loop.run_in_executor(None, self.store.save, metadata)
-            log.info(
-                "new cluster: %d shards over %s", len(metadata.shards), ", ".join(self.config.nodes)
-            )
         else:
             missing = sorted(placed_nodes(metadata) - set(self.config.nodes))
             if missing:
@@ -251,29 +282,51 @@ class CoordinatorServer:
             node_failure_ticks=self.config.node_failure_ticks,
         )
         self.engine = Coordinator(self.config.nodes, metadata, config)
-        for address in self.config.nodes:
-            self._links[address] = _NodeLink(self, address, self.config.internal_addresses[address])
+        for status in self._early_reports.values():
+            if status is not None:
+                self.engine.step(status)
+        for link in self._links.values():
+            if link.up:
+                self.node_connected(link.address)
         self._spawn(self._tick_loop())
         self._spawn(self._process_loop())
-        if self.config.admin_port is not None:
-            self._admin = grpc.aio.server(options=SERVER_OPTIONS)
-            pb_grpc.add_CoordinatorAdminServicer_to_server(_Admin(self), self._admin)
-            port = listen(
-                self._admin,
-                self.config.admin_host,
-                self.config.admin_port,
-                server_credentials(self.config.tls),
+
+    async def _new_metadata(self) -> ClusterMetadata:
+        """Metadata for the configured cluster, checked against the replicas the nodes
+        already hold: none for a new cluster; after a lost metadata file, the ones this
+        configuration places on them, or the rebuilt metadata would route keys to the
+        wrong shards."""
+        metadata = initial_metadata(
+            self.config.nodes, self.config.namespaces, self.config.replication_factor
+        )
+        try:
+            await asyncio.wait_for(self._all_answered.wait(), FIRST_REPORTS_WAIT_S)
+        except TimeoutError:
+            pass
+        reports = [status for status in self._early_reports.values() if status is not None]
+        if check_replicas_fit(metadata, reports, self.config):
+            log.warning(
+                "no coordinator metadata at %s, but the nodes hold replicas: rebuilt it from "
+                "the configuration; each shard elects above the terms its replicas are in",
+                self.config.metadata_url,
             )
-            self.admin_address = host_port(self.config.admin_host, port)
-            await self._admin.start()
+        else:
+            log.info(
+                "new cluster: %d shards over %s", len(metadata.shards), ", ".join(self.config.nodes)
+            )
+        return metadata
 
     async def stop(self) -> None:
+        """Stops serving and lets another coordinator take the metadata location; also
+        after a failed `start`."""
         for task in list(self._tasks):
             task.cancel()
         for link in self._links.values():
             await link.close()
+        self._links.clear()
         if self._admin is not None:
             await self._admin.stop(grace=0.2)
+        self.store.release()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -283,7 +336,12 @@ class CoordinatorServer:
     # ------------------------------------------------------------------ engine inputs
 
     def step(self, msg: Any) -> None:
-        assert self.engine is not None
+        if self.engine is None:  # still loading or making the metadata
+            if isinstance(msg, (NodeStatus, NodeUnreachable)):
+                self._early_reports[msg.node] = msg if isinstance(msg, NodeStatus) else None
+                if len(self._early_reports) == len(self.config.nodes):
+                    self._all_answered.set()
+            return
         self.engine.step(msg)
         self._wakeup.set()
 
@@ -297,8 +355,10 @@ class CoordinatorServer:
         self._reports[node] = report
 
     def node_connected(self, node: str) -> None:
-        """A (re)connected node may have lost its assignment table: send it again."""
-        assert self.engine is not None
+        """A (re)connected node may have lost its assignment table: send it again (once
+        the engine exists, which sends it to nodes connected before)."""
+        if self.engine is None:
+            return
         self._spawn(
             self._push_assignments(wire.assignments_from_metadata(self.engine.metadata), [node])
         )
@@ -417,21 +477,55 @@ class CoordinatorServer:
         )
 
 
+def check_replicas_fit(
+    metadata: ClusterMetadata, reports: list[NodeStatus], config: CoordinatorServerConfig
+) -> bool:
+    """Whether the nodes hold replicas (else the cluster is new), when each node that holds
+    any holds exactly the shards `metadata`, made from `config`, places on it; raises
+    MetadataError saying what to do otherwise.
+
+    Health reports name shards, not hash ranges, so this is what shows a rebuild from
+    another shard count, replication factor or node order. A node that holds none is new
+    or was wiped, and is filled by its leaders as usual.
+    """
+    misfits = []
+    for report in sorted(reports, key=lambda r: r.node):
+        held = {status.shard for status in report.shards}
+        placed = {key for key, shard in metadata.shards.items() if report.node in shard.ensemble}
+        if held and held != placed:
+            misfits.append(
+                f"{report.node} holds {_shard_names(held)} where it would hold {_shard_names(placed)}"
+            )
+    if misfits:
+        raise MetadataError(
+            f"there is no coordinator metadata at {config.metadata_url}, and the replicas on the "
+            f"nodes do not fit metadata rebuilt for {_describe(Counter(config.namespaces))}, "
+            f"replication factor {config.replication_factor} over {', '.join(config.nodes)} "
+            f"({'; '.join(misfits)}); start the coordinator with the shard count, replication "
+            "factor and nodes (in their order) the cluster was created with"
+        )
+    return any(report.shards for report in reports)
+
+
+def _shard_names(keys: set[ShardKey]) -> str:
+    return ", ".join(f"{namespace}/{index}" for namespace, index in sorted(keys)) or "no shards"
+
+
+def _describe(counts: Counter[str]) -> str:
+    return ", ".join(f"{ns!r} with {n} shards" for ns, n in sorted(counts.items()))
+
+
 def _warn_on_other_namespaces(metadata: ClusterMetadata, config: CoordinatorServerConfig) -> None:
     """Shard counts are initial, as in Oxia: saved metadata keeps its namespaces and shard
     counts whatever a restart asks for (quorumstore does not reshard); say so when they differ."""
     saved = Counter(namespace for namespace, _ in metadata.shards)
     if saved != config.namespaces:
-
-        def describe(counts: dict[str, int]) -> str:
-            return ", ".join(f"{ns!r} with {n} shards" for ns, n in sorted(counts.items()))
-
         log.warning(
             "coordinator metadata at %s holds %s; keeping it, not %s as asked "
             "(shard counts are fixed when a cluster is created)",
             config.metadata_url,
-            describe(saved),
-            describe(config.namespaces),
+            _describe(saved),
+            _describe(Counter(config.namespaces)),
         )
 
 

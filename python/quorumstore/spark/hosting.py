@@ -373,7 +373,6 @@ def start(
     """
     sc = spark.sparkContext
     settings = dict(sc.getConf().getAll())
-    warn_unknown_keys(settings, "Spark settings")
     config = HostingConfig.resolve(
         settings,
         nodes=nodes,
@@ -391,6 +390,15 @@ def start(
         relay_timeout_s=relay_timeout_s,
         log_level=log_level,
     )
+    return launch(spark, config)
+
+
+def launch(spark: SparkSession, config: HostingConfig) -> HostedCluster:
+    """Starts the cluster `config` describes (see `start`, which resolves it from the
+    session's settings and its arguments; the spark-submit app resolves it from its
+    settings file too)."""
+    sc = spark.sparkContext
+    warn_unknown_keys(dict(sc.getConf().getAll()), "Spark settings")
     check_free_slots(sc, config.nodes, config.start_timeout_s)
     # A new secret and CA for each cluster, made here and kept in memory: the coordinator
     # holds them, and the node tasks get theirs inside their closure (docs/security.md).
