@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +34,7 @@ from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.proto import replication_pb2 as rpb
 from quorumstore.proto import replication_pb2_grpc as rpb_grpc
 from quorumstore.protocol.coordinator import ShardState
+from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.certificates import CLUSTER_SERVER_NAME, CertificateAuthority
 from quorumstore.wire.metadata import ROUTING_METADATA_KEY, bearer_metadata
 from quorumstore.wire.tls import TlsError, TlsMaterial, dial_credentials, open_aio_channel
@@ -342,3 +344,27 @@ def test_auth_configs_that_cannot_work_are_refused(tmp_path: Path) -> None:
     path.chmod(0o644)
     with pytest.raises(AuthConfigError, match="chmod 600"):
         AuthConfig.from_file(path)
+
+
+def test_plaintext_beyond_loopback_warns_and_tokens_there_are_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node listening on every interface without TLS logs a warning; with an auth
+    config it refuses to start, since clients would send their tokens in the clear."""
+
+    async def scenario() -> None:
+        exposed = {"host": "0.0.0.0", "advertise_host": "198.18.0.9", "wal_sync": False}
+        secret = ClusterSecret.generate()
+        tokens = AuthConfig.parse({"tokens": {"alice": ALICE}})
+        refused = Node(NodeConfig(tmp_path / "a", cluster_secret=secret, auth=tokens, **exposed))
+        with pytest.raises(TlsError, match="bearer tokens in plaintext on 0.0.0.0, 198.18.0.9"):
+            await refused.start()
+        warned = Node(NodeConfig(tmp_path / "b", cluster_secret=secret, **exposed))
+        with caplog.at_level(logging.WARNING, logger="quorumstore.wire.tls"):
+            await warned.start()
+        try:
+            assert "listens on 0.0.0.0, 198.18.0.9 without TLS" in caplog.text
+        finally:
+            await warned.stop()
+
+    asyncio.run(scenario())
