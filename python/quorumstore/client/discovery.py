@@ -96,6 +96,8 @@ class Directory:
         self._last_failure = ""
         #: Bootstrap addresses that serve gRPC but not Oxia's client API.
         self._not_oxia: set[str] = set()
+        #: Asks for the shards' followers again while the first ask failed.
+        self._learning: asyncio.Task[None] | None = None
 
     async def start(self, timeout_s: float) -> None:
         """Starts following the map; returns once the first one arrived."""
@@ -152,23 +154,35 @@ class Directory:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
-    async def _learn_replicas(self, address: str) -> None:
+    async def _learn_replicas(self, address: str) -> bool:
         """Adds every shard's followers to the known nodes (the map names leaders only).
 
         So that the client finds the cluster again when the only nodes it knew die,
-        e.g. the single leader it was bootstrapped from. Best effort: on failure the
-        next map tries again.
+        e.g. the single leader it was bootstrapped from. Returns whether it learned them;
+        after a failure the next map, or `_learn_replicas_until_known`, asks again.
         """
         request = data_pb.ListShardsRequest(namespace=self._namespace)
         try:
             response = await self._channels.data_stub(address).ListShards(request, timeout=5)
         except grpc.aio.AioRpcError as e:
             log.debug("ListShards on %s failed: %s", address, e.details())
-            return
+            return False
         for shard in response.shards:
             for node in [shard.leader, *shard.followers]:
                 if node:
                     self._nodes.setdefault(node)
+        return True
+
+    async def _learn_replicas_until_known(self) -> None:
+        """Asks the known nodes in turn until one names the shards' followers: a client
+        that knows only its bootstrap node would not find the cluster again once that
+        node dies."""
+        backoff = Backoff(max_s=1.0)
+        while True:
+            await asyncio.sleep(backoff.next_delay())
+            for address in list(self._nodes):
+                if await self._learn_replicas(address):
+                    return
 
     async def _follow(self) -> None:
         backoff = Backoff(max_s=1.0)
@@ -186,8 +200,11 @@ class Directory:
                     if entry is None:
                         continue
                     first = self._map is None
-                    if first:  # before start() returns: the bootstrap node may die next
-                        await self._learn_replicas(address)
+                    if first and not await self._learn_replicas(address):
+                        # before start() returns: the bootstrap node may die next
+                        self._learning = asyncio.create_task(
+                            self._learn_replicas_until_known(), name="quorumstore-find-replicas"
+                        )
                     self._publish(ShardMap.from_proto(entry))
                     backoff = Backoff(max_s=1.0)
                     if not first:
@@ -219,6 +236,10 @@ class Directory:
             log.error("stopped following shard assignments: %s", error)
 
     async def close(self) -> None:
+        if self._learning is not None:
+            self._learning.cancel()
+            await asyncio.gather(self._learning, return_exceptions=True)
+            self._learning = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
