@@ -16,6 +16,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
+from in_process import until_online
 from quorumstore.arrow.ipc import ipc_bytes
 from quorumstore.client import AsyncClient
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
@@ -56,7 +57,7 @@ async def standalone(data_dir: Path) -> AsyncIterator[Standalone]:
     )
     await coordinator.start()
     try:
-        await _until_online(coordinator)
+        await until_online(coordinator)
         async with AsyncClient(address) as client:
             for i in range(KEYS):
                 await client.put(f"/k{i:02d}", b"v")
@@ -64,17 +65,6 @@ async def standalone(data_dir: Path) -> AsyncIterator[Standalone]:
     finally:
         await coordinator.stop()
         await node.stop()
-
-
-async def _until_online(coordinator: CoordinatorServer) -> None:
-    async def online() -> None:
-        assert coordinator.engine is not None
-        while not all(
-            m.state is ShardState.ONLINE for m in coordinator.engine.metadata.shards.values()
-        ):
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(online(), 30)
 
 
 async def _assert_unharmed(server: Standalone) -> None:

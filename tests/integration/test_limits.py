@@ -20,6 +20,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
+from in_process import until_online
 from leader_and_follower import leader_and_follower
 from quorumstore.arrow.ipc import ipc_bytes
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
@@ -29,7 +30,6 @@ from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2 as data_pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as data_grpc
 from quorumstore.proto.oxia_client_pb2_grpc import OxiaClientStub
-from quorumstore.protocol.coordinator import ShardState
 from quorumstore.storage.write_batch import WriteBatchBuilder
 from quorumstore.wire.schemas import ROWS_SCHEMA
 
@@ -67,15 +67,7 @@ async def standalone(data_dir: Path, limits: RequestLimits = LIMITS) -> AsyncIte
     )
     await coordinator.start()
     try:
-
-        async def online() -> None:
-            assert coordinator.engine is not None
-            while not all(
-                m.state is ShardState.ONLINE for m in coordinator.engine.metadata.shards.values()
-            ):
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(online(), 30)
+        await until_online(coordinator)
         yield address
     finally:
         await coordinator.stop()

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from in_process import until_online
 from quorumstore.client import AsyncClient, PermissionDenied, TlsConfig, Unauthenticated
 from quorumstore.client.data_service import DataClient, DataClientError
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
@@ -33,7 +34,6 @@ from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc
 from quorumstore.proto import replication_pb2 as rpb
 from quorumstore.proto import replication_pb2_grpc as rpb_grpc
-from quorumstore.protocol.coordinator import ShardState
 from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.certificates import CLUSTER_SERVER_NAME, CertificateAuthority
 from quorumstore.wire.metadata import ROUTING_METADATA_KEY, bearer_metadata
@@ -169,20 +169,13 @@ async def secured_cluster(data_dir: Path, issuer: Issuer) -> AsyncIterator[Secur
     )
     await coordinator.start()
     try:
-        await asyncio.wait_for(_online(coordinator), 30)
+        await until_online(coordinator)
         client_tls = TlsConfig(TlsMaterial(trusted_ca=public_ca.cert))
         yield Secured(nodes, coordinator, cluster_ca, public_ca, client_tls, data_dir / "public")
     finally:
         await coordinator.stop()
         for node in nodes:
             await node.stop()
-
-
-async def _online(coordinator: CoordinatorServer) -> None:
-    while coordinator.engine is None or not all(
-        m.state is ShardState.ONLINE for m in coordinator.engine.metadata.shards.values()
-    ):
-        await asyncio.sleep(0.05)
 
 
 def test_tls_and_tokens_end_to_end(tmp_path: Path, issuer: Issuer) -> None:

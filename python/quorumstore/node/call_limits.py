@@ -19,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import grpc
 
 from quorumstore.node.limits import LimitExceeded, RequestLimits, Tally, client_of
-from quorumstore.wire.guards import guarded
+from quorumstore.wire.guards import Guard, GuardInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ LONG_LIVED_STREAMS = frozenset(
 _LOG_INTERVAL_S = 60.0
 
 
-class CallLimits(grpc.aio.ServerInterceptor):
+class CallLimits(GuardInterceptor):
     """Counts the calls of the client port and refuses those past a limit (see the
     module docstring)."""
 
@@ -61,16 +61,8 @@ class CallLimits(grpc.aio.ServerInterceptor):
         )
         self._logged_at: dict[str, float] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-        return guarded(handler, lambda context: self._limit(method, context))
+    def guard_for(self, details: grpc.HandlerCallDetails) -> Guard:
+        return lambda context: self._limit(details.method, context)
 
     @asynccontextmanager
     async def _limit(self, method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:

@@ -29,6 +29,7 @@ The resource limits of each node's client port have keys of their own (docs/limi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -234,26 +235,29 @@ class HostingConfig:
                 f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}"
             )
         try:
-            self.public_tls()
+            self.public_tls  # noqa: B018 - reads the files, so that a bad one fails here
         except ValueError as e:
             problems.append(f"{PREFIX}tls.*: {e}")
         try:
-            self.auth()
+            self.auth  # noqa: B018 - reads the file, so that a bad one fails here
         except ValueError as e:
             problems.append(f"{PREFIX}auth.config: {e}")
         if problems:
             raise ValueError("; ".join(problems))
 
+    @functools.cached_property
     def public_tls(self) -> TlsConfig | None:
-        """The client ports' TLS, its PEM read here (the driver) to travel to the nodes."""
+        """The client ports' TLS, its PEM read here (the driver) once, to travel to the
+        nodes."""
         files = (self.tls_cert_file, self.tls_key_file, self.tls_trusted_ca_file)
         if not any(files):
             return None
         return TlsConfig(TlsConfig.from_files(*files).material)
 
+    @functools.cached_property
     def auth(self) -> dict[str, Any] | None:
-        """The auth config, checked and read here (the driver) to travel to the nodes,
-        which build their verifiers from it."""
+        """The auth config, checked and read here (the driver) once, to travel to the
+        nodes, which build their verifiers from it."""
         if self.auth_config is None:
             return None
         raw = read_auth_file(self.auth_config)

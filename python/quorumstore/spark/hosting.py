@@ -428,7 +428,7 @@ def coordinator_config(
         internal_addresses=config.internal_addresses,
         cluster_secret=secret,
         internal_tls=ca.internal_tls("coordinator"),
-        tls=config.public_tls(),
+        tls=config.public_tls,
         namespaces={DEFAULT_NAMESPACE: config.shards},
         replication_factor=config.replication_factor,
         admin_host=config.host,

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
 
-from quorumstore.wire.guards import guarded
-
-log = logging.getLogger(__name__)
+from quorumstore.wire.guards import Guard, GuardInterceptor, RefusalLog, metadata_value
 
 #: The gRPC header that carries the secret on every internal call.
 METADATA_KEY = "qs-cluster-secret"
@@ -33,8 +30,6 @@ METADATA_KEY = "qs-cluster-secret"
 COORDINATOR_METADATA_KEY = "qs-coordinator"
 #: Bytes of randomness in a secret; its text is their hex, twice as many characters.
 SECRET_BYTES = 32
-#: Callers refused so far are logged once each; at most this many are remembered.
-_LOGGED_PEERS_MAX = 1024
 
 
 class SecretError(ValueError):
@@ -118,29 +113,19 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-class SecretCheck(grpc.aio.ServerInterceptor):
+class SecretCheck(GuardInterceptor):
     """Ends every call that does not carry the cluster secret as UNAUTHENTICATED, logging
     each refused caller (by host) once."""
 
     def __init__(self, secret: ClusterSecret, server_name: Callable[[], str]) -> None:
         self._secret = secret
-        self._server_name = server_name
-        self._logged: set[str] = set()
+        self._refusals = RefusalLog(server_name)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        presented = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == METADATA_KEY:
-                presented = value
-        handler = await continuation(handler_call_details)
-        if handler is None or self._secret.admits(presented):
-            return handler
-        method = handler_call_details.method
-        return guarded(handler, lambda context: self._refuse(context, method, presented is None))
+    def guard_for(self, details: grpc.HandlerCallDetails) -> Guard | None:
+        presented = metadata_value(details, METADATA_KEY)
+        if self._secret.admits(presented):
+            return None
+        return lambda context: self._refuse(context, details.method, presented is None)
 
     @asynccontextmanager
     async def _refuse(
@@ -148,7 +133,9 @@ class SecretCheck(grpc.aio.ServerInterceptor):
     ) -> AsyncIterator[None]:
         """Aborts the call as UNAUTHENTICATED before any servicer sees it (a request
         stream is never read)."""
-        self._note(context.peer(), method, missing)
+        self._refusals.note(
+            context.peer(), method, f"{'no' if missing else 'a wrong'} cluster secret"
+        )
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
             "this is a quorumstore node's internal port, and the call "
@@ -156,17 +143,3 @@ class SecretCheck(grpc.aio.ServerInterceptor):
             + "; only members of the cluster may call it (docs/security.md)",
         )
         yield  # never reached: abort raises
-
-    def _note(self, peer: str, method: str, missing: bool) -> None:
-        host = peer.rpartition(":")[0] or peer
-        if host in self._logged or len(self._logged) >= _LOGGED_PEERS_MAX:
-            return
-        self._logged.add(host)
-        log.warning(
-            "%s: refused %s from %s: %s cluster secret (further refusals of this caller "
-            "are not logged)",
-            self._server_name(),
-            method,
-            host,
-            "no" if missing else "a wrong",
-        )

@@ -14,12 +14,19 @@ request inside the call, with INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import grpc
+
+log = logging.getLogger(__name__)
+
+#: Callers refused so far are logged once each; at most this many are remembered.
+_LOGGED_PEERS_MAX = 1024
 
 Guard = Callable[[grpc.aio.ServicerContext], AbstractAsyncContextManager[None]]
 #: Checks one request in its call (may abort it).
@@ -29,6 +36,54 @@ RequestCheck = Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]
 def guarded(handler: grpc.RpcMethodHandler, guard: Guard) -> grpc.RpcMethodHandler:
     """`handler`, with every call run inside `guard(context)`."""
     return _wrapped(handler, guard, handler.request_deserializer, None)
+
+
+class GuardInterceptor(grpc.aio.ServerInterceptor, abc.ABC):
+    """An interceptor that runs each call inside the guard `guard_for` picks from the
+    call's method and metadata (None: the call runs as it is)."""
+
+    @abc.abstractmethod
+    def guard_for(self, details: grpc.HandlerCallDetails) -> Guard | None: ...
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        guard = None if handler is None else self.guard_for(handler_call_details)
+        return handler if guard is None else guarded(handler, guard)
+
+
+def metadata_value(details: grpc.HandlerCallDetails, key: str) -> str | bytes | None:
+    """The last value of `key` in a call's invocation metadata."""
+    value = None
+    for name, given in details.invocation_metadata or ():
+        if name == key:
+            value = given
+    return value
+
+
+class RefusalLog:
+    """Logs a refused caller's first refusal only, by host, remembering at most
+    `_LOGGED_PEERS_MAX` of them: a caller that keeps retrying cannot fill the log."""
+
+    def __init__(self, server_name: Callable[[], str]) -> None:
+        self._server_name = server_name
+        self._logged: set[str] = set()
+
+    def note(self, peer: str, method: str, reason: str) -> None:
+        host = peer.rpartition(":")[0] or peer
+        if host in self._logged or len(self._logged) >= _LOGGED_PEERS_MAX:
+            return
+        self._logged.add(host)
+        log.warning(
+            "%s: refused %s from %s: %s (further refusals of this caller are not logged)",
+            self._server_name(),
+            method,
+            host,
+            reason,
+        )
 
 
 class RequestParsing(grpc.aio.ServerInterceptor):

@@ -162,7 +162,7 @@ class _Reloader:
         try:
             material = _read_material(self._files)
             configuration = _server_configuration(material)
-        except (TlsError, AssertionError) as e:
+        except TlsError as e:
             # A renewal half written (the key before its certificate) is looked at again
             # at the next handshake; meanwhile the last good material serves.
             log.warning(

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,15 +35,12 @@ from quorumstore.node.auth.tokens import (
     TokenError,
     TokenVerifier,
 )
-from quorumstore.wire.guards import guarded
+from quorumstore.wire.guards import Guard, GuardInterceptor, RefusalLog, metadata_value
 from quorumstore.wire.metadata import AUTHORIZATION_METADATA_KEY, BEARER_PREFIX, bearer_metadata
-
-log = logging.getLogger(__name__)
 
 #: A verified token is trusted this long at most without checking it again.
 _CACHE_S = 60.0
 _CACHE_ENTRIES = 10_000
-_LOGGED_PEERS_MAX = 1024
 
 
 class AuthConfigError(ValueError):
@@ -107,30 +103,18 @@ class _Unauthenticated(Exception):
     pass
 
 
-class TokenCheck(grpc.aio.ServerInterceptor):
+class TokenCheck(GuardInterceptor):
     """Authenticates every call of the client port (see the module docstring)."""
 
     def __init__(self, config: AuthConfig, server_name: Callable[[], str]) -> None:
         self._config = config
-        self._server_name = server_name
         self._verified: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._logged: set[str] = set()
+        self._refusals = RefusalLog(server_name)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        presented = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == AUTHORIZATION_METADATA_KEY:
-                presented = value
-        method = handler_call_details.method
-        access = METHOD_ACCESS.get(method, Access.WRITE)
-        return guarded(handler, lambda context: self._admit(presented, method, access, context))
+    def guard_for(self, details: grpc.HandlerCallDetails) -> Guard:
+        presented = metadata_value(details, AUTHORIZATION_METADATA_KEY)
+        access = METHOD_ACCESS.get(details.method, Access.WRITE)
+        return lambda context: self._admit(presented, details.method, access, context)
 
     @asynccontextmanager
     async def _admit(
@@ -144,7 +128,7 @@ class TokenCheck(grpc.aio.ServerInterceptor):
             token = _bearer_token(presented)
             principal = await self._principal(token)
         except _Unauthenticated as e:
-            self._note(context.peer(), method, str(e))
+            self._refusals.note(context.peer(), method, str(e))
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{e} (docs/security.md)")
         set_caller(Caller(principal, access, self._config.grants, bearer_metadata(token)))
         yield
@@ -170,19 +154,6 @@ class TokenCheck(grpc.aio.ServerInterceptor):
                 self._verified.popitem(last=False)
             return principal
         raise _Unauthenticated("; ".join(failures))
-
-    def _note(self, peer: str, method: str, reason: str) -> None:
-        host = peer.rpartition(":")[0] or peer
-        if host in self._logged or len(self._logged) >= _LOGGED_PEERS_MAX:
-            return
-        self._logged.add(host)
-        log.warning(
-            "%s: refused %s from %s: %s (further refusals of this caller are not logged)",
-            self._server_name(),
-            method,
-            host,
-            reason,
-        )
 
 
 def _bearer_token(presented: str | bytes | None) -> str:
