@@ -19,8 +19,18 @@ seconds from the kill:
 and checks that every write acknowledged during the trial reads back unchanged. The
 medians of the trials are printed per placement.
 
+With ``--hosts`` it measures the multi-host case instead (as root): three hosts made as
+network namespaces, a Spark standalone worker on each (tests/multihost/ builds both),
+the cluster started with no host or port settings in the independent placement, and
+for each key count in ``--keys`` and trial a fresh cluster loaded with that many keys
+of 100 bytes. Each trial kill -9s every process of the host running the failover shard's
+leader and wipes that host's disk under the same write load, and reports the first
+write after the kill and the time until every shard has its full replica set again
+(every replica serving and caught up, the dead node's on a new host).
+
 Usage: python bench/spark_failover_bench.py [--master local[4]] [--trials 3]
                                             [--placements barrier,independent] [--dir D]
+       python bench/spark_failover_bench.py --hosts [--keys 100000,1000000]
 """
 
 from __future__ import annotations
@@ -134,6 +144,17 @@ class _PacedWrites:
         self.writes.append(_Write(issued, time.monotonic(), ok))
 
 
+def _failover_writes(client: AsyncClient) -> tuple[_PacedWrites, dict[str, bytes]]:
+    """A paced load of puts to the failover shard, and the writes it had acknowledged."""
+    acknowledged: dict[str, bytes] = {}
+
+    async def put(key: str, value: bytes) -> None:
+        await client.put(key, value, partition_key=FAILOVER_PARTITION)
+        acknowledged[key] = value
+
+    return _PacedWrites(put), acknowledged
+
+
 def wait_converged(cluster: HostedCluster, timeout_s: float = RECOVERY_TIMEOUT_S) -> None:
     """Every shard led and every replica caught up (eligible), so any one node may die.
 
@@ -174,15 +195,9 @@ async def failover_trial(cluster: HostedCluster) -> Trial:
     cluster is back by itself and every acknowledged write has been read back."""
     await asyncio.to_thread(wait_converged, cluster)
     submissions_before = sum(job.submissions for job in cluster.status().node_jobs)
-    acknowledged: dict[str, bytes] = {}
     async with AsyncClient(cluster.address, request_timeout_s=PUT_TIMEOUT_S) as client:
         shard = client.shard_for(FAILOVER_PARTITION)
-
-        async def put(key: str, value: bytes) -> None:
-            await client.put(key, value, partition_key=FAILOVER_PARTITION)
-            acknowledged[key] = value
-
-        load = _PacedWrites(put)
+        load, acknowledged = _failover_writes(client)
         load.start()
         await asyncio.sleep(WARMUP_S)
         victim = cluster.addresses.index(cluster.status().leaders[shard])
@@ -224,6 +239,169 @@ async def failover_trial(cluster: HostedCluster) -> Trial:
     )
 
 
+@dataclass(frozen=True)
+class HostTrial:
+    """One host killed and wiped, times in seconds from the kill."""
+
+    keys: int
+    host: str
+    nodes: tuple[str, ...]
+    first_write_s: float
+    full_replicas_s: float
+    acknowledged: int
+    failed: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.keys:>8} keys: kill -9 of host {self.host} (node {', '.join(self.nodes)}) and "
+            f"its disk wiped: first write {self.first_write_s:.2f} s, every shard's full replica "
+            f"set again {self.full_replicas_s:.2f} s; {self.acknowledged} acknowledged writes "
+            f"intact ({self.failed} failed during the fault)"
+        )
+
+
+def _load(address: str, keys: int) -> float:
+    """Writes `keys` keys of 100 bytes through the data service; returns the seconds."""
+    import pyarrow as pa
+
+    from quorumstore.client.data_service import DataClient
+    from quorumstore.wire.metadata import ClientSerial
+
+    began = time.monotonic()
+    chunk = 50_000
+    with DataClient(address) as client:
+        for n, start in enumerate(range(0, keys, chunk)):
+            stop = min(start + chunk, keys)
+            table = pa.table(
+                {
+                    "key": pa.array([f"bench/load/{i:08d}" for i in range(start, stop)]),
+                    "value": pa.array([os.urandom(100) for _ in range(start, stop)], pa.binary()),
+                }
+            )
+            for shard, part in client.route(table).items():
+                client.write(shard, part, origin=ClientSerial("failover-bench-load", n))
+    return time.monotonic() - began
+
+
+def _full_replica_set(cluster: HostedCluster) -> bool:
+    """Every shard led, every replica following in the leader's term, and every replica
+    counted again (caught up: the whole ensemble is eligible)."""
+    from quorumstore.coordinator.cluster_status import all_replicas_serving
+
+    status = cluster.status()
+    return (
+        status.online
+        and all_replicas_serving(status.cluster)
+        and all(len(s.eligible) == cluster.config.nodes for s in status.cluster.metadata.shards)
+    )
+
+
+async def host_trial(
+    cluster: HostedCluster, keys: int, kill_host: Callable[[str], None]
+) -> HostTrial:
+    """Kills the host of the failover shard's leader (`kill_host(address)` kills every
+    process of the host with that address and wipes its disk) under a steady write
+    load; returns once every shard has its full replica set again."""
+    await asyncio.to_thread(wait_converged, cluster)
+    async with AsyncClient(cluster.address, request_timeout_s=PUT_TIMEOUT_S) as client:
+        shard = client.shard_for(FAILOVER_PARTITION)
+        load, acknowledged = _failover_writes(client)
+        load.start()
+        await asyncio.sleep(WARMUP_S)
+        leader = cluster.status().leaders[shard]
+        host = leader.rpartition(":")[0]
+        nodes = tuple(
+            name
+            for name, address in zip(cluster.config.node_names, cluster.addresses, strict=True)
+            if address.rpartition(":")[0] == host
+        )
+        killed_at = time.monotonic()  # kill_host returns once every process is gone
+        await asyncio.to_thread(kill_host, host)
+        while not await asyncio.to_thread(_full_replica_set, cluster):
+            if time.monotonic() - killed_at > RECOVERY_TIMEOUT_S:
+                raise TimeoutError(f"no full replica set after {RECOVERY_TIMEOUT_S:g} s")
+            await asyncio.sleep(0.1)
+        full_s = time.monotonic() - killed_at
+        await asyncio.sleep(SETTLE_S)
+        writes = await load.stop()
+        lost = await _lost(client, acknowledged)
+    after_kill = [w for w in writes if w.issued >= killed_at]
+    first_write = min((w.done for w in after_kill if w.ok), default=None)
+    if first_write is None:
+        raise RuntimeError("no write succeeded after the kill")
+    if lost:
+        raise AssertionError(f"{len(lost)} of {len(acknowledged)} acknowledged writes lost")
+    return HostTrial(
+        keys,
+        host,
+        nodes,
+        first_write - killed_at,
+        full_s,
+        len(acknowledged),
+        sum(1 for w in after_kill if not w.ok),
+    )
+
+
+def main_hosts(args: argparse.Namespace) -> int:
+    """The multi-host case (see the module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "multihost"))
+    from netns import Hosts  # the test harness's hosts and Spark cluster
+    from spark_cluster import running_spark_cluster
+
+    import quorumstore.spark
+    from quorumstore.spark.hosting import executor_hosts
+
+    base = Path(args.dir or tempfile.mkdtemp(prefix="qs-host-failover-"))
+    results: list[HostTrial] = []
+    with Hosts(3) as hosts, running_spark_cluster(hosts, base / "spark", cores=2) as spark_cluster:
+        spark = spark_cluster.session("quorumstore host failover bench")
+        spark.sparkContext.setLogLevel("ERROR")
+        by_address = {host.address: host for host in hosts}
+
+        def kill_host(address: str) -> None:
+            host = by_address[address]
+            host.kill_all()
+            local = spark_cluster.directory / f"worker-h{host.index}" / "local"
+            shutil.rmtree(local, ignore_errors=True)
+            local.mkdir()
+
+        # A fresh cluster per trial: after a host's loss its node shares a host with
+        # another, and losing that host too would take a majority of every shard.
+        for keys in (int(k) for k in args.keys.split(",")):
+            for n in range(args.trials):
+                with quorumstore.spark.start(
+                    spark,
+                    nodes=3,
+                    shards=args.shards,
+                    replication_factor=3,
+                    placement="independent",
+                    cluster_name=f"bench-{keys}-{n}",
+                    metadata_url=str(base / f"meta-{keys}-{n}" / "metadata.pb"),
+                ) as cluster:
+                    load_s = _load(cluster.address, keys)
+                    print(f"loaded {keys} keys in {load_s:.1f} s", flush=True)
+                    trial = asyncio.run(host_trial(cluster, keys, kill_host))
+                    print(trial, flush=True)
+                    results.append(trial)
+                # The killed host's worker joins again, empty, and gets an executor.
+                host = by_address[trial.host]
+                spark_cluster.workers[list(hosts).index(host)] = spark_cluster.start_worker(host)
+                spark_cluster.wait_alive(len(hosts))
+                while trial.host not in executor_hosts(spark.sparkContext):
+                    time.sleep(1.0)
+    if args.dir is None:
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"3 hosts, 3 nodes, {args.shards} shards, replication factor 3, independent placement:")
+    for keys in sorted({t.keys for t in results}):
+        trials = [t for t in results if t.keys == keys]
+        print(
+            f"  {keys:>8} keys: host kill -9 -> first write median "
+            f"{statistics.median(t.first_write_s for t in trials):.2f} s, full replica set "
+            f"median {statistics.median(t.full_replicas_s for t in trials):.2f} s"
+        )
+    return 0
+
+
 async def _lost(client: AsyncClient, acknowledged: dict[str, bytes]) -> list[str]:
     """Acknowledged writes that do not read back with their value (invariant 1)."""
     keys = list(acknowledged)
@@ -253,7 +431,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--base-port", type=int, default=17648)
     parser.add_argument("--dir", help="data directory (default: a fresh temporary one)")
+    parser.add_argument(
+        "--hosts", action="store_true", help="the multi-host case: kill -9 and wipe of a host"
+    )
+    parser.add_argument("--keys", default="100000,1000000", help="key counts of --hosts")
     args = parser.parse_args(argv)
+    if args.hosts:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        return main_hosts(args)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

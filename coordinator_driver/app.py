@@ -136,7 +136,8 @@ def main() -> int:
     print(f"quorumstore client endpoint: {cluster.address}", flush=True)
     print(
         f"  {config.nodes} nodes ({', '.join(cluster.addresses)}), {config.shards} shards, replication factor "
-        f"{config.replication_factor}, {config.placement} placement, data in {config.data_dir}\n"
+        f"{config.replication_factor}, {config.placement} placement, data in "
+        f"{config.data_dir or 'the executors' local directories'}\n"
         f"  status: quorumstore status --coordinator {cluster.admin_address}\n{cluster.status()}\n"
         "Serving until SIGTERM (or Ctrl-C).",
         flush=True,

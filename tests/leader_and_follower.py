@@ -33,7 +33,9 @@ async def leader_and_follower(
     follower = Node(NodeConfig(data_dir / "b", port=0, **config))
     nodes = [await leader.start(), await follower.start()]
     internal = [leader.internal_address, follower.internal_address]
-    leader.transport.set_internal_addresses(dict(zip(nodes, internal, strict=True)))
+    leader.transport.set_addresses(
+        dict(zip(nodes, internal, strict=True)), dict(zip(nodes, nodes, strict=True))
+    )
     try:
         for address in internal:
             async with grpc.aio.insecure_channel(address) as channel:

@@ -56,10 +56,18 @@ async def cancel_other_tasks() -> None:
 
 def abandon(future: asyncio.Future[Any] | None) -> None:
     """Drops work nobody will wait for: cancels it, or consumes its outcome if it is
-    done, so asyncio does not log an exception as never retrieved."""
+    done, so asyncio does not log an exception as never retrieved. A cancelled task may
+    still end with an exception of its own (a gRPC call failing while it unwinds), so
+    that outcome is consumed too when it comes."""
     if future is None:
         return
     if not future.done():
         future.cancel()
+        future.add_done_callback(_consume)
     elif not future.cancelled():
+        future.exception()
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
         future.exception()

@@ -107,7 +107,7 @@ class Directory:
     """The node side of the servicer: hosted shards, routing table, clock."""
 
     def __init__(self, table: rpb.ShardAssignmentsUpdate, hosts: list[SingleReplicaHost]) -> None:
-        self.name = ""  # the server's address, once it listens
+        self.address = ""  # the server's address, once it listens
         self.table = table
         self.hosts = {(h.namespace, h.shard): h for h in hosts}
         self.clock = NOW_MS
@@ -189,7 +189,7 @@ class ServerThread:
         oxia_client_pb2_grpc.add_OxiaClientServicer_to_server(self.servicer, self._server)
         port = self._server.add_insecure_port("127.0.0.1:0")
         await self._server.start()
-        self.directory.name = f"127.0.0.1:{port}"
+        self.directory.address = f"127.0.0.1:{port}"
         return port
 
     def run(self, coro: Any) -> Any:

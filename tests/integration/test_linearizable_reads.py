@@ -57,6 +57,9 @@ class MemoryNetwork:
     def acks_in_transit(self, shard: ShardKey) -> bool:
         return False
 
+    def client_address(self, peer: str | None) -> str | None:
+        return peer
+
 
 def _no_failure(failure: ReplicaFailure) -> None:
     pytest.fail(f"a replica failed: {failure}")

@@ -52,6 +52,9 @@ class _NoTransport:
     def acks_in_transit(self, shard: ShardKey) -> bool:
         return False  # written as they are sent
 
+    def client_address(self, peer: str | None) -> str | None:
+        return peer
+
 
 class PacedFollower(pb_grpc.ReplicationServicer):
     """Takes one chunk per `pause_s`, or none after the first with `stall`."""

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,20 +82,23 @@ class SparkCluster:
         """Starts the master and the workers, then waits until the master counts every
         worker ALIVE."""
         gateway = self.hosts.gateway
-        resources = ["--cores", self.cores, "--memory", self.memory]
-        resources += ["--webui-port", _WORKER_WEBUI_PORT]
         master = [_MASTER, "--host", gateway, "--port", self.master_port]
         master += ["--webui-port", self.webui_port]
         self.master = self._spawn(self.hosts.root, "master", master)
         for host in self.hosts:
-            self.workers.append(
-                self._spawn(
-                    host,
-                    f"worker-h{host.index}",
-                    [_WORKER, self.master_url, "--host", host.address, *resources],
-                )
-            )
-        self._wait_alive(len(self.hosts))
+            self.workers.append(self.start_worker(host))
+        self.wait_alive(len(self.hosts))
+
+    def start_worker(self, host: Host) -> subprocess.Popen[Any]:
+        """Starts `host`'s worker (again, after the host was killed); its directories are
+        kept, as a host's disk is."""
+        resources = ["--cores", self.cores, "--memory", self.memory]
+        resources += ["--webui-port", _WORKER_WEBUI_PORT]
+        return self._spawn(
+            host,
+            f"worker-h{host.index}",
+            [_WORKER, self.master_url, "--host", host.address, *resources],
+        )
 
     def _spawn(self, host: Host, name: str, args: list[Any]) -> subprocess.Popen[Any]:
         directory = self.directory / name
@@ -116,7 +120,7 @@ class SparkCluster:
         }
         log = directory / "process.log"
         self.logs.append(log)
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:
             return host.popen(
                 [str(SPARK_HOME / "bin" / "spark-class"), *map(str, args)],
                 stdout=out,
@@ -137,7 +141,9 @@ class SparkCluster:
         workers = self.status().get("workers", [])
         return sorted(w["host"] for w in workers if w.get("state") == "ALIVE")
 
-    def _wait_alive(self, count: int) -> None:
+    def wait_alive(self, count: int) -> None:
+        """Waits until the master counts a worker ALIVE on `count` hosts (a killed host's
+        old worker stays listed until the master's worker timeout; its new one counts)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         alive: list[str] = []
         while time.monotonic() < deadline:
@@ -146,7 +152,7 @@ class SparkCluster:
                 raise ClusterStartError(f"exited while starting: {dead}\n{self.log_tails()}")
             with contextlib.suppress(OSError, ValueError):
                 alive = self.alive_workers()
-                if len(alive) == count:
+                if len(set(alive)) == count:
                     return
             time.sleep(1.0)
         raise ClusterStartError(
@@ -217,3 +223,20 @@ class SparkCluster:
                 tail = [f"({error})"]
             parts.append(f"----- {path} (last {lines} lines)\n" + "\n".join(tail))
         return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def running_spark_cluster(
+    hosts: Hosts, directory: Path, *, cores: int = 1
+) -> Iterator[SparkCluster]:
+    """A started `SparkCluster`, stopped on leaving; its log tails are printed when
+    anything inside fails."""
+    started = SparkCluster(hosts, directory, cores=cores)
+    try:
+        started.start()
+        yield started
+    except BaseException:
+        print(started.log_tails())
+        raise
+    finally:
+        started.stop()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from netns import Hosts
 from pyspark.sql import SparkSession
-from spark_cluster import SparkCluster
+from spark_cluster import SparkCluster, running_spark_cluster
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -22,15 +22,8 @@ pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def cluster(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     """A master on the bridge and a worker on each of the module's three hosts."""
-    started = SparkCluster(hosts, tmp_path_factory.mktemp("spark-cluster"))
-    try:
-        started.start()
+    with running_spark_cluster(hosts, tmp_path_factory.mktemp("spark-cluster")) as started:
         yield started
-    except BaseException:
-        print(started.log_tails())
-        raise
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")

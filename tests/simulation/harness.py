@@ -2,8 +2,9 @@
 
 One seed drives everything: which message is delivered next (reordering), lost or
 duplicated, when nodes tick, fsync, flush their KV, trim their WAL, crash (losing what
-was not synced) and restart, when the coordinator crashes and restarts, partitions, and
-client writes. The nodes run the real engine (`ShardReplica`, `Coordinator`) and the
+was not synced) and restart, when hosts are lost (a node restarts with an empty disk,
+one in four seeds), when the coordinator crashes and restarts, partitions, and client
+writes. The nodes run the real engine (`ShardReplica`, `Coordinator`) and the
 real KV state machine over an in-memory KV with crash semantics. The invariants of
 docs/protocol.md are checked after every step; a failure names the seed and the command that
 replays it.
@@ -33,6 +34,7 @@ from quorumstore.protocol.messages import (
     SnapshotReceived,
     StatusRequest,
 )
+from quorumstore.protocol.quorum import majority
 from quorumstore.protocol.replica import ReplicaConfig, ShardReplica
 from quorumstore.protocol.types import LogEntry, LogPosition, Role
 from quorumstore.storage.memory_kv import MemoryKv
@@ -86,6 +88,8 @@ class SimNode:
         self.logs: dict[ShardKey, MemoryLog] = {}
         self.kvs: dict[ShardKey, MemoryKv] = {}
         self.durable_terms: dict[ShardKey, int] = {}
+        #: Each replica's incarnation, made with it and kept on its disk.
+        self.incarnations: dict[ShardKey, str] = {}
         self.terms: dict[ShardKey, int] = {}
         self.replicas: dict[ShardKey, ShardReplica] = {}
         self.machines: dict[ShardKey, ShardStateMachine] = {}
@@ -100,6 +104,7 @@ class SimNode:
             self.logs[shard] = MemoryLog()
             self.kvs[shard] = MemoryKv()
             self.machines[shard] = ShardStateMachine(self.kvs[shard])
+            self.incarnations[shard] = self.sim.new_incarnation(self.name)
             replica = self._open(shard)
         return replica
 
@@ -123,6 +128,7 @@ class SimNode:
             commit_offset=applied.offset,
             noop_payload=NOOP,
             config=self.sim.replica_config,
+            incarnation=self.incarnations[shard],
         )
         self.terms[shard] = replica.term
         self.replicas[shard] = replica
@@ -195,6 +201,20 @@ class SimNode:
             log.crash()
         for kv in self.kvs.values():
             kv.crash()
+
+    def lose_disk(self) -> None:
+        """The host is lost: the node restarts elsewhere (`restart`) with an empty disk."""
+        self.crash()
+        lost = (
+            self.logs,
+            self.kvs,
+            self.machines,
+            self.durable_terms,
+            self.terms,
+            self.incarnations,
+        )
+        for state in lost:
+            state.clear()
 
     def restart(self) -> None:
         self.alive = True
@@ -346,6 +366,9 @@ class Simulation:
         self.history = {key: ShardHistory() for key in metadata.shards}
         self.step_no = 0
         self.writes = 0
+        self.incarnations_made = 0
+        # One seed in four loses hosts; chosen without the rng, like the byte window above.
+        self.disk_losses = config.seed % 4 == 3
         self._leader_commits: dict[tuple[str, ShardKey], tuple[int, int]] = {}
         self._digest_checked: dict[tuple[str, ShardKey], tuple[int, LogPosition]] = {}
         self.faults = True
@@ -358,6 +381,10 @@ class Simulation:
 
     def send(self, src: str, dst: str, msg: object) -> None:
         self.network.append((src, dst, msg))
+
+    def new_incarnation(self, node: str) -> str:
+        self.incarnations_made += 1
+        return f"{node}#{self.incarnations_made}"
 
     def acknowledge(self, shard: ShardKey, entry: LogEntry, write_id: int, term: int) -> None:
         if entry.term != term:
@@ -438,6 +465,8 @@ class Simulation:
         if self.faults:
             if alive:
                 actions.append((1.5, lambda: self._crash(rng.choice(alive))))
+            if self.disk_losses:
+                actions.append((1.5, self._lose_disks))
             if self.coordinator.alive:
                 actions.append((0.4, self._crash_coordinator))
                 actions.append((0.8, self._reelect))
@@ -483,6 +512,38 @@ class Simulation:
     def _crash(self, name: str) -> None:
         self.log(f"CRASH {name}")
         self.nodes[name].crash()
+
+    def _lose_disks(self) -> None:
+        """One host or two are lost, if every shard keeps a majority of replicas whose data
+        the coordinator counts on: without one, committed entries may be lost, and the
+        shard must stay offline (test_a_shard_that_lost_most_disks_elects_no_leader)."""
+        lost = self.rng.sample(sorted(self.nodes), 1 if self.rng.random() < 0.7 else 2)
+        if self.counted_majority_survives(lost):
+            self.lose_disks(lost)
+
+    def counted_majority_survives(self, lost: list[str]) -> bool:
+        """Whether every shard keeps, beside `lost`, a majority of members whose replica is
+        the incarnation the coordinator counts on."""
+        for key, meta in self.coordinator.durable.shards.items():
+            intact = [
+                name
+                for name in meta.ensemble
+                if name not in lost
+                and self.nodes[name].incarnations.get(key, "") == meta.incarnations.get(name)
+            ]
+            if len(intact) < majority(len(meta.ensemble)):
+                return False
+        return True
+
+    def lose_disks(self, lost: list[str]) -> None:
+        """The hosts of `lost` die; each node comes back (`_restart`) with an empty disk.
+        What they sent or were sent is lost with their connections."""
+        self.log(f"LOSE DISK {' '.join(lost)}")
+        for name in lost:
+            self.nodes[name].lose_disk()
+        self.network = [
+            (src, dst, msg) for src, dst, msg in self.network if src not in lost and dst not in lost
+        ]
 
     def _restart(self, name: str) -> None:
         self.log(f"RESTART {name}")
@@ -661,6 +722,15 @@ class Simulation:
             f"the cluster did not converge within {self.config.heal_rounds} rounds after healing:\n{self._describe()}"
         )
 
+    def settle(self, rounds: int, *, writes: bool = False) -> None:
+        """Fault-free rounds (`_heal_round`), each with a write to every shard's leader if
+        `writes`."""
+        for _ in range(rounds):
+            self._heal_round()
+            if writes:
+                for shard in self.history:
+                    self._try_final_write(shard)
+
     def _heal_round(self) -> None:
         """A fault-free round: deliver everything in flight in order, sync, tick everyone."""
         for _ in range(20_000):
@@ -701,9 +771,12 @@ class Simulation:
     def _converged(self, shard: ShardKey, offset: int) -> bool:
         if offset not in self.history[shard].acked:
             return False
+        counted = self.coordinator.coordinator.shard(shard).incarnations
         for node in self.nodes.values():
             if shard not in node.replicas or node.machines[shard].applied_position.offset < offset:
                 return False
+            if counted.get(node.name) != node.incarnations[shard]:
+                return False  # a replica that lost its disk counts again once caught up
         return True
 
     def _describe(self) -> str:
@@ -716,7 +789,8 @@ class Simulation:
                 if r is not None:
                     parts.append(
                         f"  {node.name}: {r.role.value} t{r.term} head {r.head.offset} commit {r.commit_offset} "
-                        f"applied {node.machines[shard].applied_position.offset}"
+                        f"applied {node.machines[shard].applied_position.offset} "
+                        f"incarnation {r.incarnation} (counted: {meta.incarnations.get(node.name)})"
                     )
         return "\n".join(parts)
 

@@ -5,12 +5,15 @@
 `QS_SIM_LONG_SEEDS` (default 300) more run schedules five times as long (2000 steps,
 from seed 1,000,000, alternating 5 and 3 replicas), which reach rarer interleavings:
 a bug that only 1200-step schedules showed is named below (RELEAD_SEED).
-The tests at the bottom break one protocol rule at a time and show that some seed
-catches each.
+One seed in four also loses hosts (a node restarts with an empty disk) while every shard
+keeps a majority of the replicas the coordinator counts on; the shard that loses more is
+tested on its own. The tests at the bottom break one protocol rule at a time and show
+that some seed catches each.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -18,11 +21,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import InvariantViolation, SimConfig, SimNode, run_seed
+from harness import InvariantViolation, SimConfig, SimNode, Simulation, run_seed
 
 import quorumstore.protocol.replica as replica_module
 from quorumstore.protocol import election, quorum
+from quorumstore.protocol.coordinator import Coordinator, ShardState
 from quorumstore.protocol.follow_cursor import CursorState
+from quorumstore.protocol.messages import ShardKey
+from quorumstore.protocol.types import Role
 
 pytestmark = pytest.mark.simulation
 
@@ -60,12 +66,58 @@ def test_invariants_hold_on_long_schedules(first: int, stop: int) -> None:
         run_seed(SimConfig(seed=seed, replicas=5 if seed % 2 == 0 else 3, steps=LONG_STEPS))
 
 
-def test_a_seed_replays_exactly() -> None:
+@pytest.mark.parametrize("seed", [17, 19], ids=["seed17", "seed19-loses-hosts"])
+def test_a_seed_replays_exactly(seed: int) -> None:
     lines_a: list[str] = []
     lines_b: list[str] = []
-    run_seed(SimConfig(seed=17, replicas=5), trace=lines_a.append)
-    run_seed(SimConfig(seed=17, replicas=5), trace=lines_b.append)
+    run_seed(SimConfig(seed=seed, replicas=5), trace=lines_a.append)
+    run_seed(SimConfig(seed=seed, replicas=5), trace=lines_b.append)
     assert lines_a == lines_b and len(lines_a) > 100
+
+
+def test_seeds_lose_hosts_and_their_replicas_count_again() -> None:
+    """The seeds that lose hosts do (the fault is not refused every time), and each run
+    ends with every member counted again (`Simulation._converged`)."""
+    made = 0
+    for seed in range(3, 43, 4):
+        simulation = Simulation(SimConfig(seed=seed, replicas=3))
+        simulation.run()
+        made += simulation.incarnations_made - 3
+    assert made >= 5, f"{made} replicas made anew after a lost host in 10 seeds"
+
+
+@pytest.mark.parametrize(("replicas", "lost"), [(3, 2), (5, 3)])
+def test_a_shard_that_lost_most_disks_elects_no_leader(
+    replicas: int, lost: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leader's host and others are lost, so fewer than a majority of the replicas
+    keep the data: the shard goes offline for good, instead of electing a leader that
+    lacks committed entries, and the coordinator says why once."""
+    shard: ShardKey = ("default", 0)
+    simulation = Simulation(SimConfig(seed=1, replicas=replicas))
+    simulation.faults = False
+    simulation.settle(20, writes=True)
+    coordinator = simulation.coordinator.coordinator
+    before = coordinator.shard(shard)
+    assert before.state is ShardState.ONLINE and before.leader is not None
+    assert simulation.history[shard].acked
+    names = [before.leader, *[n for n in before.ensemble if n != before.leader][: lost - 1]]
+    assert not simulation.counted_majority_survives(names)
+    with caplog.at_level(logging.ERROR, logger="quorumstore.protocol.coordinator"):
+        simulation.lose_disks(names)
+        for name in names:
+            simulation.nodes[name].restart()
+        simulation.settle(60)
+    after = coordinator.shard(shard)
+    assert after.state is ShardState.OFFLINE and after.term > before.term
+    assert max(simulation.history[shard].leaders) == before.term
+    assert not [
+        node.name
+        for node in simulation.nodes.values()
+        if shard in node.replicas and node.replicas[shard].role is Role.LEADER
+    ]
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert all(name in error for name in names) and "elects none" in error, error
 
 
 def _first_failing_seed(replicas: int, seeds: range, steps: int = 400) -> InvariantViolation:
@@ -158,3 +210,16 @@ def test_answering_a_deposed_leaders_writes_is_caught(monkeypatch: pytest.Monkey
     monkeypatch.setattr(SimNode, "refuse_writes_of_lost_terms", lambda self, shard, replica: None)
     failure = _first_failing_seed(3, range(500))
     assert "was acknowledged with another entry there" in str(failure)
+
+
+def test_counting_a_replica_that_lost_its_disk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator takes every incarnation a member reports for the data the shard
+    counts on, as if no replica ever lost its disk: an empty replica counts toward an
+    election's majority, and a leader without a committed entry is elected."""
+
+    def believe(self: Coordinator, key: ShardKey, node: str, incarnation: str, _: str) -> None:
+        self._update(key, incarnations={**self.shard(key).incarnations, node: incarnation})
+
+    monkeypatch.setattr(Coordinator, "_on_new_incarnation", believe)
+    failure = _first_failing_seed(3, range(3, 1500, 4))  # the seeds that lose hosts
+    assert "lacks committed entry" in str(failure), failure

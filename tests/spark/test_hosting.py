@@ -119,8 +119,18 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
     assert (config.nodes, config.shards, config.replication_factor) == (5, 16, 3)
     assert config.placement == "barrier"
     assert config.metadata_url == str(tmp_path / "coordinator" / "metadata.pb")
-    assert config.node_addresses[-1] == "127.0.0.1:6652" and config.admin_port == 6653
+    assert config.node_names[-1] == "node4" and config.base_port is None and config.host is None
+    assert (config.client_port(4), config.internal_port(4), config.admin_port) == (0, 0, 0)
+    fixed = HostingConfig.resolve(conf, base_port=6648)
+    assert (fixed.client_port(4), fixed.admin_port) == (6652, 6653)
+    assert (fixed.internal_port(0), fixed.registry_port) == (6654, 6659)
     assert HostingConfig.resolve({}).data_dir == Path.cwd() / "quorumstore-data"
+    # On a cluster master the data stays on each executor's host, the metadata on the driver.
+    on_cluster = HostingConfig.resolve({"spark.master": "spark://m:7077"})
+    assert on_cluster.data_dir is None
+    assert on_cluster.metadata_url == str(
+        Path.cwd() / "quorumstore-data" / "coordinator" / "default" / "metadata.pb"
+    )
     sizes = {"1g": 1 << 30, "512m": 512 << 20, "64MB": 64 << 20, "4096": 4096, " 8k ": 8192}
     for text, size in sizes.items():
         assert HostingConfig.resolve({"spark.quorumstore.kvMemory": text}).kv_memory_bytes == size
@@ -166,6 +176,7 @@ def test_the_failure_timeout_reaches_the_coordinator_in_ticks() -> None:
             "kvMemory must be a positive size such as 512m, got 0",
         ),
         ({"spark.quorumstore.basePort": "65534"}, "basePort must leave room"),
+        ({"spark.quorumstore.clusterName": "../x"}, "clusterName must be 1 to 64 letters"),
         ({"spark.quorumstore.startTimeout": "nan"}, "startTimeout must be a positive number"),
         ({"spark.quorumstore.startTimeout": "inf"}, "startTimeout must be a positive number"),
         (
@@ -200,7 +211,7 @@ def test_arguments_of_the_wrong_type_are_named(overrides: dict[str, object], mes
         HostingConfig.resolve({}, **overrides)
     assert HostingConfig.resolve({}, nodes=1, replication_factor=1, start_timeout_s=5).nodes == 1
     # Strings are stripped as the same settings from the conf are.
-    assert HostingConfig.resolve({}, host=" 10.0.0.7 ").node_addresses[0] == "10.0.0.7:6648"
+    assert HostingConfig.resolve({}, host=" 10.0.0.7 ").host == "10.0.0.7"
     with pytest.raises(ValueError, match="host must not be empty"):
         HostingConfig.resolve({}, host="  ")
 
@@ -300,7 +311,7 @@ def test_spark_submit_app_serves_until_sigterm(
     try:
         output = _Output(app)
         match = output.wait_for(r"quorumstore client endpoint: (\S+)", 240)
-        assert match[1] == f"127.0.0.1:{base}"
+        assert match[1] == ",".join(f"127.0.0.1:{base + i}" for i in range(NODES))
         assert (
             "unknown setting spark.quorumstore.replicationfactor (ignored); "
             "did you mean spark.quorumstore.replicationFactor?"
@@ -448,7 +459,7 @@ def test_start_write_read_kill_one_node_stop(
         assert cluster.addresses == [
             f"127.0.0.1:{cluster.config.base_port + i}" for i in range(NODES)
         ]
-        assert cluster.address == cluster.addresses[0]
+        assert cluster.address == ",".join(cluster.addresses)
         with cluster.client() as client:
             client.put("/hosted/greeting", b"hello")
             assert client.get("/hosted/greeting").value == b"hello"

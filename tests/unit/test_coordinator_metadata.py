@@ -25,13 +25,18 @@ def test_replace_node_renames_ensemble_leader_and_eligible_set() -> None:
     metadata = initial_metadata(NODES, {"default": 3}, 2)
     key = ("default", 0)
     metadata.shards[key] = replace(
-        metadata.shards[key], term=4, leader=NODES[0], state=ShardState.ONLINE
+        metadata.shards[key],
+        term=4,
+        leader=NODES[0],
+        state=ShardState.ONLINE,
+        incarnations={NODES[0]: "i0", NODES[1]: "i1"},
     )
     moved = replace_node(metadata, NODES[0], "127.0.0.1:9000")
     assert moved.version == metadata.version + 1
     assert placed_nodes(moved) == {"127.0.0.1:9000", *NODES[1:]}
     shard = moved.shards[key]
     assert shard.leader == "127.0.0.1:9000" and shard.term == 4 and shard.state is ShardState.ONLINE
+    assert shard.incarnations == {"127.0.0.1:9000": "i0", NODES[1]: "i1"}
     for before, after in zip(metadata.shards.values(), moved.shards.values(), strict=True):
         rename = {NODES[0]: "127.0.0.1:9000"}
         assert after.ensemble == tuple(rename.get(n, n) for n in before.ensemble)

@@ -42,3 +42,15 @@ def test_leader_choice(case: str) -> None:
         assert expected.removeprefix("none:").strip() in choice.reason, choice
     else:
         assert choice == Choice(expected)
+
+
+def test_members_that_lost_their_data_are_not_waited_for() -> None:
+    """Once every member whose data counts answered (`catching_up` members lost theirs),
+    nobody holds more of what was committed than the best: it leads, live or not."""
+    responses = [Candidate("b", LogPosition(2, 7, 0)), Candidate("c", LogPosition(2, 5, 0))]
+    live_c = frozenset({"c"})
+    waiting = choose_leader(responses, ensemble_size=3, eligible=live_c, known_commit_offset=-1)
+    assert waiting.leader is None and "not in the live replica set" in waiting.reason
+    assert choose_leader(
+        responses, ensemble_size=3, eligible=live_c, known_commit_offset=-1, catching_up=1
+    ) == Choice("b")

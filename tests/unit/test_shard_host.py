@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,11 +17,13 @@ import pytest
 from quorumstore.node.failures import ReplicaFailure
 from quorumstore.node.shard_host import ShardHost
 from quorumstore.protocol.messages import (
+    COORDINATOR,
     Ack,
     AckStatus,
     Append,
     BecomeLeader,
     NewTerm,
+    NewTermResponse,
     Outbound,
     SendSnapshot,
     ShardKey,
@@ -46,6 +49,9 @@ class RecordingTransport:
 
     def acks_in_transit(self, shard: ShardKey) -> bool:
         return False  # written as they are sent
+
+    def client_address(self, peer: str | None) -> str | None:
+        return peer
 
 
 def _put(key: str) -> bytes:
@@ -509,3 +515,67 @@ def test_an_apply_that_fails_after_its_host_closed_is_logged(
     [record] = [r for r in caplog.records if "failed after the shard was closed" in r.message]
     assert "shard default/0 on node a: applying entries 1-1" in record.message
     assert "the disk went away" in record.message
+
+
+# ------------------------------------------------------------------ incarnations
+
+
+def _open(directory: Path, io: ThreadPoolExecutor, transport: RecordingTransport) -> ShardHost:
+    return ShardHost("a", SHARD, directory, transport, io, on_failure=_no_failure)
+
+
+async def _fence(host: ShardHost, transport: RecordingTransport, term: int) -> list[Outbound]:
+    """Steps NewTerm into `host`; returns what it sent once it answered (after its sync)."""
+    host.step(NewTerm(SHARD, term))
+    async with asyncio.timeout(30):
+        while not transport.sent:
+            await asyncio.sleep(0.01)
+    return transport.sent
+
+
+def test_a_replica_keeps_its_incarnation_until_its_directory_is_lost(tmp_path: Path) -> None:
+    directory = tmp_path / "shards" / "default" / "0"
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(2) as io:
+            transport = RecordingTransport()
+            host = _open(directory, io, transport)
+            incarnation = host.incarnation
+            assert len(incarnation) == 32
+            assert host.replica.status().incarnation == incarnation
+            assert await _fence(host, transport, 1) == [
+                Outbound(
+                    COORDINATOR, NewTermResponse(SHARD, 1, "a", EMPTY_POSITION, -1, incarnation)
+                )
+            ]
+            host.close()
+
+            reopened = _open(directory, io, RecordingTransport())
+            assert (reopened.incarnation, reopened.replica.term) == (incarnation, 1)
+            reopened.close()
+
+            shutil.rmtree(directory)  # the disk is lost
+            fresh = _open(directory, io, RecordingTransport())
+            assert fresh.incarnation not in ("", incarnation)
+            assert fresh.replica.term == -1
+            fresh.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_directory_made_before_incarnations_gets_one_and_keeps_its_data(tmp_path: Path) -> None:
+    directory = tmp_path / "0"
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(2) as io:
+            transport = RecordingTransport()
+            host = _open(directory, io, transport)
+            await _fence(host, transport, 4)
+            host.close()
+            (directory / "incarnation").unlink()
+            reopened = _open(directory, io, RecordingTransport())
+            assert reopened.incarnation and reopened.replica.term == 4
+            assert (directory / "incarnation").read_text() == reopened.incarnation
+            reopened.close()
+
+    asyncio.run(scenario())

@@ -71,6 +71,16 @@ def format_status(status: pb.ClusterStatus) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    addresses = status.node_addresses
+    named = sorted(n for n in alive if addresses.get(n, n) != n)
+    if named:
+        lines.append(
+            "nodes: "
+            + ", ".join(
+                f"{n} at {addresses[n]}" if n in addresses else f"{n} (not registered)"
+                for n in named
+            )
+        )
     down = [n for n, up in sorted(alive.items()) if not up]
     if down:
         lines.append(f"unreachable nodes: {', '.join(down)}")

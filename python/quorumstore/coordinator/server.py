@@ -5,10 +5,15 @@ so a dead leader is replaced within a few ticks), sends NodeControl calls and fe
 their answers back to the engine, persists metadata before any message that depends
 on it leaves, and pushes the shard assignment table to every node when it changes.
 
-Nodes are named by their client addresses (the metadata and the table clients read use
-those); the coordinator reaches each at its internal address, with the cluster secret
-on every call, and hands the cluster's internal addresses to every node on its health
-stream, so that leaders can reach their followers.
+Nodes are named by their member names (the metadata places replicas on names); a name
+is the node's client address unless the node has a name of its own. The coordinator
+keeps each name's current addresses (`_AddressBook`): configured, or told by the node
+itself through the `CoordinatorRegistry` service when its address is decided where it
+runs (a Spark executor's host and a free port). It reaches each node at its internal
+address, with the cluster secret or mutual TLS on every call, hands every name's
+addresses to every node on its health stream (leaders reach their followers and
+redirect clients by them), and routes clients by client address. A node that moves
+gets a new link and the routing table follows.
 
 It holds its metadata location while it runs (one coordinator per location), and
 rebuilds missing metadata from its configuration once the nodes' first health reports
@@ -56,8 +61,8 @@ from quorumstore.protocol.messages import (
     StatusRequest,
 )
 from quorumstore.wire import replication as wire
-from quorumstore.wire.addresses import host_port
-from quorumstore.wire.auth import COORDINATOR_METADATA_KEY, ClusterSecret
+from quorumstore.wire.addresses import host_port, is_host_port
+from quorumstore.wire.auth import COORDINATOR_METADATA_KEY, ClusterSecret, is_loopback
 from quorumstore.wire.channels import SERVER_OPTIONS, listen
 from quorumstore.wire.membership import Membership
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
@@ -72,14 +77,17 @@ SAVE_RETRY_MAX_S = 5.0
 #: the connection (unreachable nodes answer at once) before deciding without it whether
 #: replicas exist: a node started later is then checked by its terms alone.
 FIRST_REPORTS_WAIT_S = 3.0
+#: How long a node's health stream may fail to open before the coordinator says why.
+UNREACHABLE_WARNING_S = 3.0
 
 
 @dataclass(frozen=True)
 class CoordinatorServerConfig:
+    #: Member names of the nodes, in placement order.
     nodes: list[str]
     metadata_url: str
-    #: Node name (client address) -> its internal address, where the coordinator and
-    #: peers reach its NodeControl and Replication services; one for every node.
+    #: Node name -> its internal address, where the coordinator and peers reach its
+    #: NodeControl and Replication services; one for every node, unless nodes register.
     internal_addresses: dict[str, str]
     #: Carried by every call to a node; with neither it nor `internal_tls`, every
     #: address must be loopback.
@@ -99,6 +107,15 @@ class CoordinatorServerConfig:
     admin_host: str = "127.0.0.1"
     admin_port: int | None = None
     max_lag: int = 10_000
+    #: Node name -> client address, for names that are not their client address.
+    client_addresses: dict[str, str] = field(default_factory=dict)
+    #: Where the `CoordinatorRegistry` serves (an internal port: members only); None:
+    #: every node's addresses are configured.
+    registry_host: str = "127.0.0.1"
+    registry_port: int | None = None
+    #: Without saved metadata, how long to wait for every node's first report before
+    #: deciding without the silent ones whether replicas exist.
+    first_reports_wait_s: float = FIRST_REPORTS_WAIT_S
 
     def __post_init__(self) -> None:
         check_failure_timeout(self.failure_timeout_ms, self.tick_ms)
@@ -109,9 +126,9 @@ class CoordinatorServerConfig:
                 "of a shard must be on a node of its own, so give each node's address once"
             )
         missing = [n for n in self.nodes if n not in self.internal_addresses]
-        if missing:
+        if missing and self.registry_port is None:
             raise ValueError(f"no internal address given for {', '.join(missing)}")
-        internal = [self.internal_addresses[n] for n in self.nodes]
+        internal = [self.internal_addresses[n] for n in self.nodes if n in self.internal_addresses]
         clash = sorted(
             {a for a in internal if internal.count(a) > 1} | set(internal) & set(self.nodes)
         )
@@ -126,13 +143,39 @@ class CoordinatorServerConfig:
         return failure_ticks(self.failure_timeout_ms, self.tick_ms)
 
 
+class _AddressBook:
+    """Each node name's current client and internal addresses; `version` counts changes."""
+
+    def __init__(self, config: CoordinatorServerConfig):
+        self.internal = {
+            n: config.internal_addresses[n] for n in config.nodes if n in config.internal_addresses
+        }
+        self.client = {n: config.client_addresses.get(n, n) for n in self.internal}
+        self.version = 0
+
+    def update(self, name: str, client: str, internal: str) -> bool:
+        """Records where `name` is now; returns whether that changed anything."""
+        if self.client.get(name) == client and self.internal.get(name) == internal:
+            return False
+        self.client[name] = client
+        self.internal[name] = internal
+        self.version += 1
+        return True
+
+    def describe(self, name: str) -> str:
+        """`name` with its addresses, for messages."""
+        client = self.client.get(name)
+        if client is None:
+            return f"{name} (not registered yet)"
+        return name if client == name else f"{name} at {client}"
+
+
 class _NodeLink:
     """The coordinator's connection to one node: a channel and its Health stream."""
 
-    def __init__(self, server: CoordinatorServer, address: str, internal_address: str):
+    def __init__(self, server: CoordinatorServer, name: str, internal_address: str):
         self.server = server
-        #: The node's name, its client address.
-        self.address = address
+        self.name = name
         self.internal_address = internal_address
         self.channel = server.membership.channel(internal_address)
         self.stub = pb_grpc.NodeControlStub(self.channel)
@@ -147,11 +190,18 @@ class _NodeLink:
             self.pings.put_nowait(next(self._sequence))
 
     async def _pings(self) -> AsyncIterator[pb.HealthPing]:
-        yield pb.HealthPing(
-            ping_sequence=0, internal_addresses=self.server.config.internal_addresses
-        )
+        """Pings; the first of a stream, and the first after any node moved, carry every
+        node's addresses."""
+        book = self.server.addresses
+        sequence, sent_version = 0, -1
         while True:
-            yield pb.HealthPing(ping_sequence=await self.pings.get())
+            ping = pb.HealthPing(ping_sequence=sequence)
+            if sent_version != book.version:
+                sent_version = book.version
+                ping.internal_addresses.update(book.internal)
+                ping.client_addresses.update(book.client)
+            yield ping
+            sequence = await self.pings.get()
 
     async def _health_loop(self) -> None:
         while True:
@@ -163,35 +213,38 @@ class _NodeLink:
                         break
                     if not self.up:
                         self.up = True
-                        self.server.node_connected(self.address)
+                        self.server.unreachable.pop(self.name, None)
+                        self.server.node_connected(self.name)
                     self.server.step(
                         NodeStatus(
-                            self.address, tuple(wire.shard_status_from_pb(s) for s in report.shards)
+                            self.name, tuple(wire.shard_status_from_pb(s) for s in report.shards)
                         )
                     )
-                    self.server.remember_report(self.address, report)
+                    self.server.remember_report(self.name, report)
             except grpc.aio.AioRpcError as e:
-                log.debug("health stream to %s ended: %s", self.address, e.code())
+                log.debug("health stream to %s ended: %s", self.name, e.code())
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED and not self.up:
                     self.server.warn_once(
-                        f"node {self.address} (internal address {self.internal_address}) refuses "
+                        f"node {self.name} (internal address {self.internal_address}) refuses "
                         "this coordinator's cluster secret; give both the same --cluster-secret-file",
                     )
+                elif not self.up:
+                    self.server.note_unreachable(self, e)
             if self.up:
-                log.warning("lost node %s", self.address)
+                log.warning("lost node %s", self.server.addresses.describe(self.name))
             self.up = False
             while not self.pings.empty():
                 self.pings.get_nowait()
-            self.server.step(NodeUnreachable(self.address))
+            self.server.step(NodeUnreachable(self.name))
             await asyncio.sleep(0.2)
 
     def _is_mine(self, report: pb.HealthReport) -> bool:
         """Whether the node at the internal address is the node configured there."""
-        if report.node_name == self.address and report.internal_address == self.internal_address:
+        if report.node_name == self.name and report.internal_address == self.internal_address:
             return True
         self.server.warn_once(
             f"the node at {self.internal_address} says it is {report.node_name or '(unnamed)'} with "
-            f"internal address {report.internal_address or '(none)'}, not {self.address} at "
+            f"internal address {report.internal_address or '(none)'}, not {self.name} at "
             f"{self.internal_address} as configured; it is not used until the configuration matches",
         )
         return False
@@ -216,6 +269,11 @@ class CoordinatorServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._admin: grpc.aio.Server | None = None
         self.admin_address: str | None = None
+        self._registry: grpc.aio.Server | None = None
+        self.registry_address: str | None = None
+        self.addresses = _AddressBook(config)
+        #: Node name -> why the coordinator cannot reach it, while it cannot (and since when).
+        self.unreachable: dict[str, tuple[float, str]] = {}
         #: Every call to a node names this coordinator, whose assignment versions a node
         #: compares only with its own, and carries the cluster secret.
         self.membership = Membership(config.cluster_secret, config.internal_tls)
@@ -226,7 +284,8 @@ class CoordinatorServer:
 
     async def start(self) -> None:
         self.membership.require_off_loopback(
-            [a.rpartition(":")[0] for a in self.config.internal_addresses.values()],
+            [a.rpartition(":")[0] for a in self.config.internal_addresses.values()]
+            + ([self.config.registry_host] if self.config.registry_port is not None else []),
             "the coordinator",
         )
         if self.config.admin_port is not None:
@@ -236,6 +295,7 @@ class CoordinatorServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.store.hold)
         try:
+            await self.open_registry()
             await self._start_engine(loop)
             if self.config.admin_port is not None:
                 self._admin = grpc.aio.server(options=SERVER_OPTIONS)
@@ -252,11 +312,25 @@ class CoordinatorServer:
             await self.stop()
             raise
 
+    async def open_registry(self) -> str | None:
+        """Serves the `CoordinatorRegistry` (when configured) and returns its address;
+        `start` does too, but nodes that must know the address before the coordinator
+        starts (it waits for their first reports) get it from here first."""
+        if self.config.registry_port is not None and self._registry is None:
+            self._registry = self.membership.server(SERVER_OPTIONS, lambda: "coordinator")
+            pb_grpc.add_CoordinatorRegistryServicer_to_server(_Registry(self), self._registry)
+            port = self.membership.listen(
+                self._registry, self.config.registry_host, self.config.registry_port
+            )
+            self.registry_address = host_port(self.config.registry_host, port)
+            await self._registry.start()
+        return self.registry_address
+
     async def _start_engine(self, loop: asyncio.AbstractEventLoop) -> None:
         """Loads or makes the metadata and starts the engine on it; the links report
         from the start, into `_early_reports` until the engine exists."""
-        for address in self.config.nodes:
-            self._links[address] = _NodeLink(self, address, self.config.internal_addresses[address])
+        for name, internal in self.addresses.internal.items():
+            self._links[name] = _NodeLink(self, name, internal)
         metadata = await loop.run_in_executor(None, self.store.load)
         if metadata is None:
             metadata = await self._new_metadata()
@@ -287,7 +361,7 @@ class CoordinatorServer:
                 self.engine.step(status)
         for link in self._links.values():
             if link.up:
-                self.node_connected(link.address)
+                self.node_connected(link.name)
         self._spawn(self._tick_loop())
         self._spawn(self._process_loop())
 
@@ -300,7 +374,7 @@ class CoordinatorServer:
             self.config.nodes, self.config.namespaces, self.config.replication_factor
         )
         try:
-            await asyncio.wait_for(self._all_answered.wait(), FIRST_REPORTS_WAIT_S)
+            await asyncio.wait_for(self._all_answered.wait(), self.config.first_reports_wait_s)
         except TimeoutError:
             pass
         reports = [status for status in self._early_reports.values() if status is not None]
@@ -324,8 +398,9 @@ class CoordinatorServer:
         for link in self._links.values():
             await link.close()
         self._links.clear()
-        if self._admin is not None:
-            await self._admin.stop(grace=0.2)
+        for server in (self._admin, self._registry):
+            if server is not None:
+                await server.stop(grace=0.2)
         self.store.release()
 
     def _spawn(self, coro: Any) -> None:
@@ -359,9 +434,65 @@ class CoordinatorServer:
         the engine exists, which sends it to nodes connected before)."""
         if self.engine is None:
             return
-        self._spawn(
-            self._push_assignments(wire.assignments_from_metadata(self.engine.metadata), [node])
+        self._spawn(self._push_assignments(self._assignments(), [node]))
+
+    def _assignments(self) -> pb.ShardAssignmentsUpdate:
+        assert self.engine is not None
+        metadata = self.engine.metadata
+        version = metadata.version + self.addresses.version
+        return wire.assignments_from_metadata(metadata, self.addresses.client, version)
+
+    def register(self, name: str, client: str, internal: str) -> None:
+        """Node `name` says where it is now: a new or moved node gets a new link, and
+        every node the new addresses and routing table."""
+        if not self.addresses.update(name, client, internal):
+            link = self._links.get(name)
+            if link is not None and link.up:
+                return
+        log.info("node %s registered: client address %s, internal %s", name, client, internal)
+        old = self._links.pop(name, None)
+        if old is not None:
+            self._spawn(old.close())
+        self.unreachable.pop(name, None)
+        self._links[name] = _NodeLink(self, name, internal)
+        if self.engine is not None:
+            self._spawn(self._push_assignments(self._assignments(), list(self._links)))
+            self._warn_on_shared_hosts()
+
+    def _warn_on_shared_hosts(self) -> None:
+        """Says which shards have several replicas on one host: losing that host loses
+        those replicas together, and with them the shard's majority."""
+        assert self.engine is not None
+        host_of = {n: a.rpartition(":")[0] for n, a in self.addresses.client.items()}
+        shared = []
+        for (namespace, index), shard in sorted(self.engine.metadata.shards.items()):
+            hosts = Counter(host_of[n] for n in shard.ensemble if n in host_of)
+            together = [h for h, count in hosts.items() if count > 1 and not is_loopback(h)]
+            if together:
+                shared.append(f"{namespace}/{index} on {', '.join(together)}")
+        if shared:
+            self.warn_once(
+                f"shards have several replicas on one host ({'; '.join(shared)}): losing that "
+                "host loses them together; give the cluster at least as many hosts as the "
+                "replication factor"
+            )
+
+    def note_unreachable(self, link: _NodeLink, error: grpc.aio.AioRpcError) -> None:
+        """A node's health stream cannot be opened: after `UNREACHABLE_WARNING_S`, says
+        which node, where, and what to check (once per node and address)."""
+        now = asyncio.get_running_loop().time()
+        since = self.unreachable.get(link.name, (now, ""))[0]
+        client = self.addresses.client.get(link.name, "?")
+        reason = (
+            f"the coordinator cannot reach node {link.name} (client address {client}, internal "
+            f"address {link.internal_address}): {error.code().name} {error.details()}; check "
+            "that the node listens on an address this machine can reach (a node on another "
+            "host must not bind 127.0.0.1), that no firewall blocks the port, and that both "
+            "sides use the same cluster secret or internal CA"
         )
+        self.unreachable[link.name] = (since, reason)
+        if now - since >= UNREACHABLE_WARNING_S:
+            self.warn_once(reason)
 
     async def _tick_loop(self) -> None:
         assert self.engine is not None
@@ -382,8 +513,7 @@ class CoordinatorServer:
             for out in ready.messages:
                 self._send(out.to, out.message)
             if ready.assignments_changed:
-                update = wire.assignments_from_metadata(self.engine.metadata)
-                self._spawn(self._push_assignments(update, list(self._links)))
+                self._spawn(self._push_assignments(self._assignments(), list(self._links)))
 
     async def _save(self, metadata: ClusterMetadata) -> None:
         """Persists `metadata`, retrying until it succeeds.
@@ -447,13 +577,13 @@ class CoordinatorServer:
             log.debug(
                 "%s to %s failed: %s %s",
                 type(request).__name__,
-                link.address,
+                link.name,
                 e.code(),
                 e.details(),
             )
             return
         if convert is not None:
-            self.step(convert(response, link.address))
+            self.step(convert(response, link.name))
 
     async def _push_assignments(self, update: pb.ShardAssignmentsUpdate, nodes: list[str]) -> None:
         for node in nodes:
@@ -473,7 +603,10 @@ class CoordinatorServer:
         return pb.ClusterStatus(
             metadata=wire.metadata_to_pb(self.engine.metadata),
             replicas=replicas,
-            nodes_alive={node: link.up for node, link in self._links.items()},
+            nodes_alive={
+                node: node in self._links and self._links[node].up for node in self.config.nodes
+            },
+            node_addresses=self.addresses.client,
         )
 
 
@@ -537,6 +670,35 @@ def _with_node(shards: Any, node: str) -> list[pb.ShardStatus]:
         copy.node = node
         out.append(copy)
     return out
+
+
+class _Registry(pb_grpc.CoordinatorRegistryServicer):
+    """Where nodes whose addresses are decided where they run say where they are; served
+    on an internal port, so only members reach it."""
+
+    def __init__(self, server: CoordinatorServer):
+        self.server = server
+
+    async def Register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterResponse:
+        nodes = self.server.config.nodes
+        if request.node_name not in nodes:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"{request.node_name[:100]!r} is not a node of this cluster ({', '.join(nodes)})",
+            )
+        elif not (is_host_port(request.client_address) and is_host_port(request.internal_address)):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the addresses {request.client_address[:100]!r} and "
+                f"{request.internal_address[:100]!r} are not both host:port",
+            )
+        else:
+            self.server.register(
+                request.node_name, request.client_address, request.internal_address
+            )
+        return pb.RegisterResponse()
 
 
 class _Admin(pb_grpc.CoordinatorAdminServicer):

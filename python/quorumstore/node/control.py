@@ -139,9 +139,11 @@ class NodeControl(pb_grpc.NodeControlServicer):
         self, request_iterator: AsyncIterator[pb.HealthPing], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.HealthReport]:
         async for ping in request_iterator:
-            if ping.internal_addresses:
-                await enforce(context, checks.check_internal_addresses, ping.internal_addresses)
-                self.node.transport.set_internal_addresses(dict(ping.internal_addresses))
+            if ping.internal_addresses or ping.client_addresses:
+                await enforce(context, checks.check_addresses, ping)
+                self.node.transport.set_addresses(
+                    dict(ping.internal_addresses), dict(ping.client_addresses)
+                )
             yield self.node.health_report(ping.ping_sequence)
 
     async def PushShardAssignments(

@@ -9,9 +9,9 @@ A message that fails a check is refused whole (INVALID_ARGUMENT) and changes not
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 from quorumstore.proto import replication_pb2 as pb
+from quorumstore.wire.addresses import is_host_port
 
 #: A namespace name: it names a directory under the node's data directory, so no
 #: separators, and it never is `.` or `..` (the first character is a letter or digit).
@@ -25,6 +25,9 @@ TERM_LIMIT = 1 << 62
 ENSEMBLE_LIMIT = 64
 #: Clusters have at most this many nodes.
 NODES_LIMIT = 4096
+#: A node's member name: its client address (host:port) by default, or a name such as
+#: ``node3``; printable, without spaces, of a sane length.
+NODE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\[\]-]{0,254}")
 
 
 class InvalidControl(ValueError):
@@ -51,9 +54,16 @@ def check_term(term: int) -> None:
 
 def check_address(address: str, what: str) -> None:
     """A node address, host:port."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not is_host_port(address):
         raise InvalidControl(f"{what} {address!r} is not a host:port address")
+
+
+def check_node_name(name: str, what: str) -> None:
+    if not NODE_NAME_PATTERN.fullmatch(name):
+        raise InvalidControl(
+            f"{what} {name!r} is not a node name: 1 to 256 letters, digits, '.', '_', ':', "
+            "'[', ']' or '-', starting with a letter or digit"
+        )
 
 
 def check_new_term(request: pb.NewTermRequest) -> None:
@@ -66,7 +76,7 @@ def check_become_leader(request: pb.BecomeLeaderRequest, me: str) -> None:
     check_term(request.term)
     followers = list(request.follower_map)
     for follower in followers:
-        check_address(follower, "follower")
+        check_node_name(follower, "follower")
     if me in request.follower_map:
         raise InvalidControl(f"the follower map names the new leader {me} itself")
     if not 1 <= request.replication_factor <= ENSEMBLE_LIMIT:
@@ -83,7 +93,7 @@ def check_become_leader(request: pb.BecomeLeaderRequest, me: str) -> None:
 def check_add_follower(request: pb.AddFollowerRequest, me: str) -> None:
     check_shard(request.namespace, request.shard)
     check_term(request.term)
-    check_address(request.follower_name, "follower")
+    check_node_name(request.follower_name, "follower")
     if request.follower_name == me:
         raise InvalidControl(f"{me} cannot follow itself")
 
@@ -100,9 +110,14 @@ def check_assignments(update: pb.ShardAssignmentsUpdate) -> None:
                     check_address(address, "shard member")
 
 
-def check_internal_addresses(addresses: Mapping[str, str]) -> None:
-    if len(addresses) > NODES_LIMIT:
-        raise InvalidControl(f"{len(addresses)} internal addresses are more than any cluster has")
-    for name, address in addresses.items():
-        check_address(name, "node name")
-        check_address(address, f"internal address of {name}")
+def check_addresses(ping: pb.HealthPing) -> None:
+    """The node addresses a health ping hands out."""
+    for kind, addresses in (
+        ("internal", ping.internal_addresses),
+        ("client", ping.client_addresses),
+    ):
+        if len(addresses) > NODES_LIMIT:
+            raise InvalidControl(f"{len(addresses)} {kind} addresses are more than any cluster has")
+        for name, address in addresses.items():
+            check_node_name(name, "node name")
+            check_address(address, f"{kind} address of {name}")

@@ -8,9 +8,11 @@ the cluster's CA, or the cluster secret (`wire/membership.py`, docs/security.md)
 an auth config, every call of the client port carries a bearer token (`auth/check.py`).
 It owns the clock (a tick task), the disk (one
 directory per shard) and the network; the protocol itself lives in the engine each
-`ShardHost` drives. The node's name is its client address: clients and the
-coordinator's metadata know it by that, and peers find its internal address through
-the coordinator (`NodeTransport.set_internal_addresses`).
+`ShardHost` drives. The node's name is its identity in the cluster: the coordinator's
+metadata places replicas on names. It is the client address by default; a node whose
+address is decided where it runs (a Spark executor's host, a free port) has a name of
+its own, and tells the coordinator where it is (`registration.py`). Peers and redirects
+find a name's addresses through the coordinator (`NodeTransport.set_addresses`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from quorumstore.node.failures import ReplicaFailure
 from quorumstore.node.limits import RequestLimits
 from quorumstore.node.oxia.relay import DEFAULT_RELAY_TIMEOUT_MS
 from quorumstore.node.oxia.servicer import OxiaClientServicer
+from quorumstore.node.registration import keep_registered
 from quorumstore.node.replication_service import Replication
 from quorumstore.node.shard_host import ShardHost
 from quorumstore.node.syncs import SyncRunner
@@ -78,6 +81,11 @@ class NodeConfig:
     auth: AuthConfig | None = None
     #: Address other nodes and clients use; defaults to host:bound port.
     advertise_host: str | None = None
+    #: The node's member name; None: its client address.
+    name: str | None = None
+    #: The coordinator's registry (its internal address) to tell where this node is
+    #: (`registration.py`); None: the coordinator is configured with the addresses.
+    coordinator: str | None = None
     wal_sync: bool = True
     tick_ms: int = 50
     #: How much WAL each shard replica keeps once applied (see `WalRetention`).
@@ -96,8 +104,12 @@ class Node:
     def __init__(self, config: NodeConfig):
         self.config = config
         self.name = ""
+        #: Where clients reach this node.
+        self.address = ""
         #: Where the coordinator and peers reach this node's internal port.
         self.internal_address = ""
+        #: When the coordinator last pinged this node (monotonic seconds).
+        self.last_ping_at = float("-inf")
         self.hosts: dict[ShardKey, ShardHost] = {}
         self.membership = Membership(config.cluster_secret, config.internal_tls)
         self.transport = NodeTransport(self, self.membership)
@@ -111,6 +123,7 @@ class Node:
         self._client_api: OxiaClientServicer | None = None
         self._data_api: QuorumstoreDataServicer | None = None
         self._tick_task: asyncio.Task[None] | None = None
+        self._registration: asyncio.Task[None] | None = None
         #: Set to the first ReplicaFailure of a shard hosted here (see `wait`).
         self._failure: asyncio.Future[None] | None = None
         self._assignments = pb.ShardAssignmentsUpdate(version=-1)
@@ -123,7 +136,7 @@ class Node:
 
     async def start(self) -> str:
         """Binds the ports, opens the shards found on disk and starts serving; returns the
-        node's name, its client address."""
+        node's client address."""
         config = self.config
         hosts = [config.host, config.advertise_host or config.host]
         self.membership.require_off_loopback(hosts, "a node")
@@ -164,26 +177,33 @@ class Node:
         )
         port = listen(self._server, config.host, config.port, server_credentials(config.tls))
         internal_port = self.membership.listen(self._internal, config.host, config.internal_port)
-        self.name = host_port(config.advertise_host or config.host, port)
+        self.address = host_port(config.advertise_host or config.host, port)
+        self.name = config.name or self.address
         self.internal_address = host_port(config.advertise_host or config.host, internal_port)
-        self.transport.set_internal_addresses({self.name: self.internal_address})
+        self.transport.set_addresses({self.name: self.internal_address}, {self.name: self.address})
         _import_pyarrow_pandas_shim()
         self._failure = asyncio.get_running_loop().create_future()
         self._open_existing_shards()
         await self._server.start()
         await self._internal.start()
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
+        if config.coordinator is not None:
+            self._registration = asyncio.get_running_loop().create_task(
+                keep_registered(self, config.coordinator, self.membership)
+            )
         log.info(
-            "node %s serving (internal port at %s, data in %s)",
+            "node %s serving on %s (internal port at %s, data in %s)",
             self.name,
+            self.address,
             self.internal_address,
             self.config.data_dir,
         )
-        return self.name
+        return self.address
 
     async def stop(self) -> None:
-        if self._tick_task is not None:
-            self._tick_task.cancel()
+        for task in (self._tick_task, self._registration):
+            if task is not None:
+                task.cancel()
         for server in (self._server, self._internal):
             if server is not None:
                 await server.stop(grace=0.5)
@@ -309,8 +329,10 @@ class Node:
 
     def health_report(self, ping_sequence: int) -> pb.HealthReport:
         self._report_sequence += 1
+        self.last_ping_at = time.monotonic()
         return pb.HealthReport(
             node_name=self.name,
+            client_address=self.address,
             internal_address=self.internal_address,
             sequence=self._report_sequence,
             ping_sequence=ping_sequence,

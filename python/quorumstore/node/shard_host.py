@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -55,6 +56,23 @@ _APPLY_CHUNK_ENTRIES = 32
 _APPLY_CHUNK_BYTES = 64 * 1024 * 1024
 #: Committed entries of at least this many bytes in all are applied on a worker thread.
 _APPLY_OFF_LOOP_BYTES = 1024 * 1024
+#: The file in a replica's directory that holds its incarnation (see `_load_incarnation`).
+_INCARNATION_FILE = "incarnation"
+
+
+def _load_incarnation(directory: Path) -> str:
+    """The identity of the replica's data in `directory`, made the first time the replica
+    opens it: a replica whose directory was lost (a disk replaced, a node moved to another
+    host) reports another one, which tells the coordinator that the data it counted on
+    is gone (docs/protocol.md, "Replicas that lose their disk"). A directory made before
+    incarnations existed gets one here and is taken as the data it always held."""
+    path = directory / _INCARNATION_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        incarnation = uuid.uuid4().hex
+        replace_durably(path, incarnation.encode())
+        return incarnation
 
 
 def _stops_on_failure(
@@ -83,6 +101,10 @@ class Transport(Protocol):
     def acks_in_transit(self, shard: ShardKey) -> bool:
         """Whether Acks of `shard` were sent but are not written to their stream yet; the
         transport calls the host's `acks_written` once they are."""
+        ...
+
+    def client_address(self, peer: str | None) -> str | None:
+        """Where clients reach node `peer` (a member name); None while unknown."""
         ...
 
 
@@ -115,6 +137,7 @@ class ShardHost:
         self._syncs = syncs or SyncRunner(io_executor)
         self._on_failure = on_failure
         directory.mkdir(parents=True, exist_ok=True)
+        self.incarnation = _load_incarnation(directory)
         for leftover in directory.glob("snapshot-staging*"):  # streams cut by a crash
             shutil.rmtree(leftover, ignore_errors=True)
         self._staging_sequence = 0
@@ -134,6 +157,7 @@ class ShardHost:
             commit_offset=applied.offset,
             noop_payload=_NOOP,
             config=replica_config,
+            incarnation=self.incarnation,
         )
         #: Writes proposed while leading in `_pending_term`, by offset.
         self._pending: dict[int, asyncio.Future[EntryResult]] = {}
@@ -216,6 +240,8 @@ class ShardHost:
         """Replicates one write batch; resolves once it is committed and applied."""
         if self._closed:
             raise NotLeaderError(self.shard, Role.NOT_MEMBER, self.replica.term, None)
+        if not self.is_leader():
+            raise self._not_leader()
         offset = self.replica.propose(payload)
         future: asyncio.Future[EntryResult] = asyncio.get_running_loop().create_future()
         self._pending[offset] = future
@@ -247,7 +273,11 @@ class ShardHost:
         return self.replica.role is Role.LEADER
 
     def leader_hint(self) -> str | None:
-        return self.replica.leader
+        """The client address of the leader this replica knows, for redirects."""
+        return self._transport.client_address(self.replica.leader)
+
+    def _not_leader(self) -> NotLeaderError:
+        return NotLeaderError(self.shard, self.replica.role, self.replica.term, self.leader_hint())
 
     def reader(self) -> ShardReader:
         return self.machine
@@ -567,11 +597,7 @@ class ShardHost:
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
-                future.set_exception(
-                    NotLeaderError(
-                        self.shard, self.replica.role, self.replica.term, self.replica.leader
-                    )
-                )
+                future.set_exception(self._not_leader())
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -9,9 +9,9 @@
   coordinator's pending unary call; replies to a leader's Truncate complete that call.
 A broken stream is simply dropped: the engine's retransmission covers the loss.
 
-Peers are named by their client addresses; the transport dials their internal
-addresses, which the coordinator hands out on the health stream
-(`set_internal_addresses`), and every call carries the cluster secret.
+Peers are named by their member names; the transport dials their internal addresses,
+which the coordinator hands out on the health stream with their client addresses
+(`set_addresses`), and every call carries the cluster secret.
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ class NodeTransport:
         self._membership = membership
         #: The metadata of every call to a peer: the data format, and the secret.
         self.metadata = data_format.REPLICATION_METADATA + membership.metadata
-        #: Peer name (client address) -> its internal address.
+        #: Peer name -> its internal address, and its client address.
         self._internal: dict[str, str] = {}
+        self._client: dict[str, str] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[tuple[ShardKey, str], _ReplicateStream] = {}
         #: follower side: (shard, leader) -> the Acks of that leader's stream
@@ -114,14 +115,20 @@ class NodeTransport:
         self.refusals = data_format.RefusalLog()
         self._snapshots = SnapshotStreams(self.channel, node.deliver, self.refusals, self.metadata)
 
-    def set_internal_addresses(self, addresses: Mapping[str, str]) -> None:
-        """Learns where peers' internal ports are; a peer that moved gets a new channel."""
-        for name, address in addresses.items():
+    def set_addresses(self, internal: Mapping[str, str], client: Mapping[str, str]) -> None:
+        """Learns where peers' internal and client ports are; a peer that moved gets a
+        new channel."""
+        self._client.update(client)
+        for name, address in internal.items():
             if self._internal.get(name, address) != address:
                 channel = self._channels.pop(name, None)
                 if channel is not None:
                     self._spawn(channel.close())
             self._internal[name] = address
+
+    def client_address(self, peer: str | None) -> str | None:
+        """Where clients reach `peer`; None while the coordinator has not said."""
+        return None if peer is None else self._client.get(peer)
 
     def channel(self, peer: str) -> grpc.aio.Channel:
         """The channel to `peer`'s internal port; raises UnknownPeer while its address is

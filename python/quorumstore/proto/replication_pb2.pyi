@@ -91,18 +91,20 @@ class NewTermRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class NewTermResponse(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "head", "commit_offset")
+    __slots__ = ("namespace", "shard", "term", "head", "commit_offset", "incarnation")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
     head: LogPosition
     commit_offset: int
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class BecomeLeaderRequest(_message.Message):
     __slots__ = ("namespace", "shard", "term", "replication_factor", "follower_map")
@@ -194,8 +196,15 @@ class GetStatusResponse(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ...) -> None: ...
 
 class HealthPing(_message.Message):
-    __slots__ = ("ping_sequence", "internal_addresses")
+    __slots__ = ("ping_sequence", "internal_addresses", "client_addresses")
     class InternalAddressesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ClientAddressesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -204,12 +213,14 @@ class HealthPing(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PING_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     INTERNAL_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     ping_sequence: int
     internal_addresses: _containers.ScalarMap[str, str]
-    def __init__(self, ping_sequence: _Optional[int] = ..., internal_addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    client_addresses: _containers.ScalarMap[str, str]
+    def __init__(self, ping_sequence: _Optional[int] = ..., internal_addresses: _Optional[_Mapping[str, str]] = ..., client_addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "role", "head", "commit_offset", "followers", "node")
+    __slots__ = ("namespace", "shard", "term", "role", "head", "commit_offset", "followers", "node", "incarnation")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +229,7 @@ class ShardStatus(_message.Message):
     COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
@@ -226,21 +238,24 @@ class ShardStatus(_message.Message):
     commit_offset: int
     followers: _containers.RepeatedCompositeFieldContainer[FollowerStatus]
     node: str
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., node: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class HealthReport(_message.Message):
-    __slots__ = ("node_name", "sequence", "shards", "ping_sequence", "internal_address")
+    __slots__ = ("node_name", "sequence", "shards", "ping_sequence", "internal_address", "client_address")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     PING_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     INTERNAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     sequence: int
     shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
     ping_sequence: int
     internal_address: str
-    def __init__(self, node_name: _Optional[str] = ..., sequence: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., ping_sequence: _Optional[int] = ..., internal_address: _Optional[str] = ...) -> None: ...
+    client_address: str
+    def __init__(self, node_name: _Optional[str] = ..., sequence: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., ping_sequence: _Optional[int] = ..., internal_address: _Optional[str] = ..., client_address: _Optional[str] = ...) -> None: ...
 
 class ShardAssignmentsUpdate(_message.Message):
     __slots__ = ("version", "namespaces")
@@ -379,7 +394,14 @@ class CoordinatorMetadata(_message.Message):
     def __init__(self, version: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardMetadata, _Mapping]]] = ...) -> None: ...
 
 class ShardMetadata(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "leader", "ensemble", "hash_range", "status", "eligible", "last_known_commit_offset")
+    __slots__ = ("namespace", "shard", "term", "leader", "ensemble", "hash_range", "status", "eligible", "last_known_commit_offset", "incarnations")
+    class IncarnationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +411,7 @@ class ShardMetadata(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
     LAST_KNOWN_COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
@@ -398,10 +421,11 @@ class ShardMetadata(_message.Message):
     status: ShardState
     eligible: _containers.RepeatedScalarFieldContainer[str]
     last_known_commit_offset: int
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., ensemble: _Optional[_Iterable[str]] = ..., hash_range: _Optional[_Union[HashRange, _Mapping]] = ..., status: _Optional[_Union[ShardState, str]] = ..., eligible: _Optional[_Iterable[str]] = ..., last_known_commit_offset: _Optional[int] = ...) -> None: ...
+    incarnations: _containers.ScalarMap[str, str]
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., ensemble: _Optional[_Iterable[str]] = ..., hash_range: _Optional[_Union[HashRange, _Mapping]] = ..., status: _Optional[_Union[ShardState, str]] = ..., eligible: _Optional[_Iterable[str]] = ..., last_known_commit_offset: _Optional[int] = ..., incarnations: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("metadata", "replicas", "nodes_alive")
+    __slots__ = ("metadata", "replicas", "nodes_alive", "node_addresses")
     class NodesAliveEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -409,10 +433,33 @@ class ClusterStatus(_message.Message):
         key: str
         value: bool
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bool] = ...) -> None: ...
+    class NodeAddressesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     METADATA_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     NODES_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     metadata: CoordinatorMetadata
     replicas: _containers.RepeatedCompositeFieldContainer[ShardStatus]
     nodes_alive: _containers.ScalarMap[str, bool]
-    def __init__(self, metadata: _Optional[_Union[CoordinatorMetadata, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., nodes_alive: _Optional[_Mapping[str, bool]] = ...) -> None: ...
+    node_addresses: _containers.ScalarMap[str, str]
+    def __init__(self, metadata: _Optional[_Union[CoordinatorMetadata, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., nodes_alive: _Optional[_Mapping[str, bool]] = ..., node_addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("node_name", "client_address", "internal_address")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    client_address: str
+    internal_address: str
+    def __init__(self, node_name: _Optional[str] = ..., client_address: _Optional[str] = ..., internal_address: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

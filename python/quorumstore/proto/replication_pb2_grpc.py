@@ -566,3 +566,84 @@ class CoordinatorAdmin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CoordinatorRegistryStub:
+    """Storage node -> coordinator, on the coordinator's internal port: a node whose
+    address is decided where it runs (a Spark executor's host and a free port) says
+    where it is. Only cluster members may call it.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Register = channel.unary_unary(
+                '/quorumstore.replication.v1.CoordinatorRegistry/Register',
+                request_serializer=replication__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=replication__pb2.RegisterResponse.FromString,
+                _registered_method=True)
+
+
+class CoordinatorRegistryServicer:
+    """Storage node -> coordinator, on the coordinator's internal port: a node whose
+    address is decided where it runs (a Spark executor's host and a free port) says
+    where it is. Only cluster members may call it.
+    """
+
+    def Register(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CoordinatorRegistryServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Register': grpc.unary_unary_rpc_method_handler(
+                    servicer.Register,
+                    request_deserializer=replication__pb2.RegisterRequest.FromString,
+                    response_serializer=replication__pb2.RegisterResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'quorumstore.replication.v1.CoordinatorRegistry', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('quorumstore.replication.v1.CoordinatorRegistry', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class CoordinatorRegistry:
+    """Storage node -> coordinator, on the coordinator's internal port: a node whose
+    address is decided where it runs (a Spark executor's host and a free port) says
+    where it is. Only cluster members may call it.
+    """
+
+    @staticmethod
+    def Register(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quorumstore.replication.v1.CoordinatorRegistry/Register',
+            replication__pb2.RegisterRequest.SerializeToString,
+            replication__pb2.RegisterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -9,12 +9,18 @@ adds late responders with AddFollower, and keeps every ensemble member in the cu
 term from the health reports: a member in an older term gets NewTerm again, a fenced
 member of the current term is added to the leader. A failed leader triggers a new
 election; a failed follower changes nothing while a quorum remains.
+
+A member whose replica reports another incarnation than the shard counts on lost its
+data: it is fenced and caught up like any member, but neither counts toward an
+election's majority nor leads until a leader reports it caught up in a term it was
+fenced into as that incarnation (docs/protocol.md, "Replicas that lose their disk").
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,7 +40,7 @@ from quorumstore.protocol.messages import (
     StatusRequest,
 )
 from quorumstore.protocol.quorum import majority
-from quorumstore.protocol.types import NO_TERM, Role
+from quorumstore.protocol.types import NO_OFFSET, NO_TERM, Role
 
 HASH_SPACE = 1 << 32
 #: `_last_seen` of a node whose health stream broke: failed at once, not after the timeout.
@@ -61,6 +67,9 @@ class ShardMetadata:
     state: ShardState = ShardState.ELECTION
     eligible: frozenset[str] = frozenset()
     known_commit_offset: int = -1
+    #: Member -> the incarnation of its replica whose data the shard counts on; a member
+    #: missing here is recorded with the first incarnation it reports.
+    incarnations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +138,7 @@ def replace_node(metadata: ClusterMetadata, old: str, new: str) -> ClusterMetada
             ensemble=tuple(map(rename, shard.ensemble)),
             leader=None if shard.leader is None else rename(shard.leader),
             eligible=frozenset(map(rename, shard.eligible)),
+            incarnations={rename(node): inc for node, inc in shard.incarnations.items()},
         )
         for key, shard in metadata.shards.items()
     }
@@ -144,6 +154,23 @@ class _Election:
     ticks_since_become_leader: int = 0
     #: The tick the candidate's BecomeLeaderResponse made the shard online; -1 before.
     online_at: int = -1
+
+
+@dataclass(slots=True)
+class _CatchingUp:
+    """A member whose replica reports another incarnation than the shard counts on: the
+    data the shard counted on is lost, and this replica counts once it holds every entry
+    that may have been committed with the lost replica's acks."""
+
+    incarnation: str
+    #: A leader's report of this member's acks counts only in a term above this one: up
+    #: to it, the leader's view of the member may hold acks of the lost replica.
+    after_term: int
+    #: (term, offset): in such a term, the offset the member must ack, the leader's head
+    #: in its first report of the term. That is at or past the term's first entry, so
+    #: past every entry committed with the lost replica's acks (all are in earlier
+    #: terms). Taken again in each term: an earlier leader's head may have been cut.
+    catch_up: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -176,6 +203,11 @@ class Coordinator:
         #: Shards whose current leader this coordinator has seen leading (elected it, or
         #: had a report of it leading in its term): not so for every shard after a restart.
         self._seen_leading: set[ShardKey] = set()
+        #: Members answering with a new incarnation, until they count again.
+        self._catching_up: dict[tuple[ShardKey, str], _CatchingUp] = {}
+        #: The highest term of a message taken from each member's replica, whichever its
+        #: incarnation: the last term a replica that lost its data may have been in.
+        self._member_terms: dict[tuple[ShardKey, str], int] = {}
         self._dirty = False
         self._assignments_changed = False
         self._out: list[Outbound] = []
@@ -267,12 +299,21 @@ class Coordinator:
         if meta.state is ShardState.ONLINE:
             if meta.leader is not None and not self.node_alive(meta.leader):
                 self.start_election(key, f"leader {self._failure(meta.leader)}")
+            elif (node := self._waiting_for_a_term(key)) is not None:
+                self.start_election(
+                    key,
+                    f"{node} lost its data; the leader's count of its acks may hold acks of the "
+                    "lost replica until a new term",
+                )
             return
         if election is None or election.term != meta.term:
             self.start_election(
                 key, f"no election under way for term {meta.term} (state {meta.state.value})"
             )
             return
+        intact = self._counted(key, meta.ensemble)
+        if meta.state is ShardState.ELECTION and len(intact) < majority(len(meta.ensemble)):
+            self._update(key, state=ShardState.OFFLINE)  # no majority keeps its data
         for node in meta.ensemble:
             if node not in election.responses and self._now >= self._retry_at.get((key, node), 0):
                 self._send_new_term(key, node, election.term)
@@ -293,6 +334,10 @@ class Coordinator:
         meta = self._meta.get(msg.shard)
         if meta is None or msg.term != meta.term or msg.node not in meta.ensemble:
             return
+        self._note_incarnation(msg.shard, msg.node, msg.incarnation, msg.term)
+        meta = self._meta[msg.shard]
+        if msg.term != meta.term:
+            return  # the member's lost data made it restart the election
         election = self._elections.get(msg.shard)
         if meta.state is ShardState.ONLINE and meta.leader is not None:
             # A late responder: the leader adopts it with AddFollower.
@@ -303,23 +348,25 @@ class Coordinator:
         election.responses[msg.node] = msg
         if election.candidate is not None:
             return
-        if len(election.responses) == len(meta.ensemble):
-            self._try_elect(msg.shard, election)
-        elif (
-            len(election.responses) >= majority(len(meta.ensemble))
-            and election.ticks_since_majority < 0
-        ):
+        counted = self._counted(msg.shard, election.responses)
+        if len(counted) == len(self._counted(msg.shard, meta.ensemble)):
+            self._try_elect(msg.shard, election)  # nobody left whose answer counts
+        elif len(counted) >= majority(len(meta.ensemble)) and election.ticks_since_majority < 0:
             election.ticks_since_majority = 0
 
     def _try_elect(self, key: ShardKey, election: _Election) -> None:
         meta = self._meta[key]
-        candidates = [Candidate(node, r.head) for node, r in election.responses.items()]
+        candidates = [
+            Candidate(node, election.responses[node].head)
+            for node in self._counted(key, election.responses)
+        ]
         choice = choose_leader(
             candidates,
             ensemble_size=len(meta.ensemble),
             eligible=meta.eligible,
             known_commit_offset=meta.known_commit_offset,
             leader_load=self._leader_load(),
+            catching_up=len(meta.ensemble) - len(self._counted(key, meta.ensemble)),
         )
         if choice.leader is None:
             if meta.state is not ShardState.OFFLINE:
@@ -392,6 +439,9 @@ class Coordinator:
             if msg.node not in meta.ensemble:
                 continue
             status = reported.get(key)
+            if status is not None:
+                self._note_incarnation(key, msg.node, status.incarnation, status.term)
+                meta = self._meta[key]
             if status is not None and status.term > meta.term:
                 # A term this coordinator never issued (its metadata is older than the
                 # cluster, or a member was sent one by hand): only a term above it moves
@@ -419,11 +469,18 @@ class Coordinator:
             self.start_election(key, f"leader {meta.leader} reports {seen}", leader_lost=True)
             return
         self._seen_leading.add(key)
-        in_sync = {
-            f.name
-            for f in status.followers
-            if status.commit_offset - f.acked_offset <= self.config.max_lag
-        }
+        self._count_caught_up(key, status)
+        meta = self._meta[key]
+        in_sync = set(
+            self._counted(
+                key,
+                (
+                    f.name
+                    for f in status.followers
+                    if status.commit_offset - f.acked_offset <= self.config.max_lag
+                ),
+            )
+        )
         eligible = frozenset(in_sync | {meta.leader})
         commit = max(meta.known_commit_offset, status.commit_offset)
         if eligible != meta.eligible:
@@ -467,3 +524,124 @@ class Coordinator:
             self._send_new_term(key, node, meta.term)
         elif status is not None and term == meta.term and status.role is Role.FENCED:
             self._add_follower(key, meta, node, status)
+
+    # ------------------------------------------------------------------ incarnations
+
+    def _counted(self, key: ShardKey, nodes: Iterable[str]) -> list[str]:
+        """`nodes` without the members that lost their data and have not caught up."""
+        return [node for node in nodes if (key, node) not in self._catching_up]
+
+    def _note_incarnation(self, key: ShardKey, node: str, incarnation: str, term: int) -> None:
+        """Takes the incarnation a member's replica reported in a message of `term`.
+
+        A member with none recorded is recorded with it; the recorded one counts (and
+        ends any catching up: the member's old data is back); another one means the data
+        the shard counted on is lost. A replica that reports none ("", a node older than
+        incarnations) counts as before.
+        """
+        member = (key, node)
+        meta = self._meta[key]
+        recorded = meta.incarnations.get(node)
+        if not incarnation:
+            pass  # nothing to tell it by: it counts, as every replica did before incarnations
+        elif recorded is None:
+            self._update(key, incarnations={**meta.incarnations, node: incarnation})
+        elif incarnation == recorded:
+            if self._catching_up.pop(member, None) is not None:
+                log.warning(
+                    "shard %s/%d: %s reports incarnation %s again: its data is back",
+                    key[0],
+                    key[1],
+                    node,
+                    incarnation,
+                )
+        elif (catching := self._catching_up.get(member)) is None or (
+            catching.incarnation != incarnation
+        ):
+            self._on_new_incarnation(key, node, incarnation, recorded)
+        self._member_terms[member] = max(term, self._member_terms.get(member, NO_TERM))
+
+    def _on_new_incarnation(
+        self, key: ShardKey, node: str, incarnation: str, recorded: str
+    ) -> None:
+        """`node` lost the data the shard counted on: it stops counting toward elections
+        and leaves the live replica set until it has caught up (`_count_caught_up`)."""
+        meta = self._meta[key]
+        # Unknown (this coordinator has taken nothing from the member since it started):
+        # the lost replica may have been in the shard's current term.
+        after_term = self._member_terms.setdefault((key, node), meta.term)
+        self._catching_up[(key, node)] = _CatchingUp(incarnation, after_term)
+        if node in meta.eligible:
+            self._update(key, eligible=meta.eligible - {node})
+        lost = [n for n in meta.ensemble if (key, n) in self._catching_up]
+        if len(meta.ensemble) - len(lost) < majority(len(meta.ensemble)):
+            log.error(
+                "shard %s/%d: %s lost their data (new incarnations): fewer than a majority of "
+                "its %d replicas hold the data it counts on, and a leader elected from them "
+                "could lack committed entries, so it elects none. A lost disk brought back "
+                "counts again",
+                key[0],
+                key[1],
+                ", ".join(lost),
+                len(meta.ensemble),
+            )
+        else:
+            log.warning(
+                "shard %s/%d: %s lost its data (incarnation %s, not %s): it counts toward "
+                "elections again once a leader has caught it up",
+                key[0],
+                key[1],
+                node,
+                incarnation,
+                recorded,
+            )
+        election = self._elections.get(key)
+        if meta.state is ShardState.ONLINE:
+            if meta.leader == node:
+                self.start_election(key, f"leader {node} lost its data")
+        elif election is not None and election.term == meta.term:
+            if election.candidate == node:
+                self.start_election(key, f"candidate {node} lost its data")
+            else:
+                election.responses.pop(node, None)  # an answer about the lost data
+
+    def _count_caught_up(self, key: ShardKey, status: ShardStatus) -> None:
+        """Records the incarnation of each catching-up member that the leader's report
+        shows caught up: it acked, in a term above any its lost replica was in, at least
+        the leader's head in its first report of that term."""
+        acked = {f.name: f.acked_offset for f in status.followers}
+        for node in self._meta[key].ensemble:
+            catching = self._catching_up.get((key, node))
+            if catching is None or status.term <= catching.after_term:
+                continue
+            if catching.catch_up is None or catching.catch_up[0] != status.term:
+                catching.catch_up = (status.term, status.head.offset)
+            if acked.get(node, NO_OFFSET) < catching.catch_up[1]:
+                continue
+            del self._catching_up[(key, node)]
+            meta = self._meta[key]
+            self._update(key, incarnations={**meta.incarnations, node: catching.incarnation})
+            log.info(
+                "shard %s/%d: %s caught up to offset %d: its incarnation %s counts again",
+                key[0],
+                key[1],
+                node,
+                catching.catch_up[1],
+                catching.incarnation,
+            )
+
+    def _waiting_for_a_term(self, key: ShardKey) -> str | None:
+        """A catching-up member whose acks the current term cannot tell from its lost
+        replica's, if a counted majority of the ensemble is alive to elect a new term
+        (otherwise the shard keeps its leader and the member waits)."""
+        meta = self._meta[key]
+        waiting = [
+            node
+            for node in meta.ensemble
+            if (catching := self._catching_up.get((key, node))) is not None
+            and catching.after_term >= meta.term
+        ]
+        alive = [node for node in self._counted(key, meta.ensemble) if self.node_alive(node)]
+        if waiting and len(alive) >= majority(len(meta.ensemble)):
+            return waiting[0]
+        return None

@@ -1,6 +1,7 @@
 """Leader choice after fencing, limited to the live replica set.
 
-The rule is in docs/protocol.md, "Leader choice" and "The live replica set".
+The rule is in docs/protocol.md, "Leader choice", "The live replica set" and "Replicas
+that lose their disk".
 
 Pure functions, apart from the coordinator so the rule reads on its own.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from quorumstore.protocol.quorum import majority
 from quorumstore.protocol.types import LogPosition
 
 
@@ -50,20 +52,31 @@ def choose_leader(
     eligible: frozenset[str],
     known_commit_offset: int,
     leader_load: Mapping[str, int] | None = None,
+    catching_up: int = 0,
 ) -> Choice:
     """Picks the responder with the highest head entry, if it may lead.
 
-    Only the top-ranked responder can lead without truncating an entry some other
+    `responses` are the answers that count: none of the `catching_up` members, which
+    lost their data and have not caught up. Answers of fewer than a majority of the
+    ensemble need not include a replica of every committed entry, so nobody is chosen
+    then. Only the top-ranked responder can lead without truncating an entry some other
     responder holds, so a lower-ranked one is never chosen instead. It must hold every
-    entry known to be committed, and, unless the whole ensemble answered (then nobody
-    holds more than it does), it must be in the live replica set: it was not lagging
-    when the leader last reported. Otherwise the shard stays offline until a better
-    responder answers, rather than electing a leader that could lose committed data.
+    entry known to be committed, and, unless every member whose data counts answered
+    (then nobody holds more of what was committed than it does), it must be in the live
+    replica set: it was not lagging when the leader last reported. Otherwise the shard
+    stays offline until a better responder answers, rather than electing a leader that
+    could lose committed data.
     """
     if not responses:
         return Choice(None, "no NewTerm responses")
+    if len(responses) < majority(ensemble_size):
+        return Choice(
+            None,
+            f"{len(responses)} of {ensemble_size} members answered with the data the shard "
+            "counts on, fewer than a majority",
+        )
     best = max(responses, key=lambda c: rank(c, eligible, leader_load))
-    if best.node not in eligible and len(responses) < ensemble_size:
+    if best.node not in eligible and len(responses) < ensemble_size - catching_up:
         return Choice(
             None, f"best candidate {best.node} {best.head.entry_id} is not in the live replica set"
         )

@@ -32,6 +32,9 @@ class NewTermResponse:
     node: str
     head: LogPosition
     commit_offset: int
+    #: Identity of the replica's data (docs/protocol.md, "Replicas that lose their disk");
+    #: "" from a replica that reports none (a node older than incarnations).
+    incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,8 @@ class ShardStatus:
     head: LogPosition
     commit_offset: int
     followers: tuple[FollowerStatus, ...] = ()
+    #: Identity of the replica's data (see NewTermResponse.incarnation).
+    incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,9 +92,13 @@ class ShardReplica:
         commit_offset: int,
         noop_payload: bytes,
         config: ReplicaConfig = ReplicaConfig(),
+        incarnation: str = "",
     ):
         self.node = node
         self.shard = shard
+        #: Identity of this replica's data, made with its directory; reported to the
+        #: coordinator, which tells a replica that lost its disk by it.
+        self.incarnation = incarnation
         self.term = term
         self.role = Role.FENCED if term > NO_TERM else Role.NOT_MEMBER
         #: The term this replica was (re)opened in. It never leads that term: it may have
@@ -207,7 +211,13 @@ class ShardReplica:
                 for c in sorted(self._cursors.values(), key=lambda c: c.name)
             )
         return ShardStatus(
-            self.shard, self.term, self.role, self._log.head, self.commit_offset, followers
+            self.shard,
+            self.term,
+            self.role,
+            self._log.head,
+            self.commit_offset,
+            followers,
+            self.incarnation,
         )
 
     # ------------------------------------------------------------------ helpers
@@ -245,7 +255,7 @@ class ShardReplica:
         if msg.term > self.term:
             self._enter_term(msg.term)
         response = NewTermResponse(
-            self.shard, self.term, self.node, self._log.head, self.commit_offset
+            self.shard, self.term, self.node, self._log.head, self.commit_offset, self.incarnation
         )
         self._send(COORDINATOR, response, after_sync=True)
 

@@ -6,8 +6,9 @@ settings over `conf/quorumstore.conf`), so they agree on names, defaults and val
 before anything starts: a bad value fails with the key's name, not deep in a task.
 
 Keys (all under ``spark.quorumstore.``): ``nodes``, ``shards``, ``replicationFactor``,
-``placement`` (``barrier`` or ``independent``), ``host``, ``basePort``, ``dataDir``,
-``metadataUrl``, ``walSync``, ``kvMemory`` (``512m``), ``startTimeout`` (seconds; ``120``
+``placement`` (``barrier`` or ``independent``), ``host`` and ``basePort`` (fixed addresses;
+unset, each node binds its executor's host on free ports), ``dataDir`` (a path on every
+host; unset, the executors' local directories), ``clusterName``, ``metadataUrl``, ``walSync``, ``kvMemory`` (``512m``), ``startTimeout`` (seconds; ``120``
 or ``120s``), ``failureTimeout`` (``500ms``; how long a silent node is taken to be alive),
 ``relayTimeout`` (``1500ms``; how long a node relaying a gateway-mode client's call waits
 for the shard's leader before it retries at a new one or fails),
@@ -22,8 +23,8 @@ The resource limits of each node's client port have keys of their own (docs/limi
 ``maxStagedBytesTotal`` (``16g``).
 
 >>> config = HostingConfig.resolve({"spark.quorumstore.nodes": "5"}, shards=4)
->>> (config.nodes, config.shards, config.node_addresses[:2])
-(5, 4, ['127.0.0.1:6648', '127.0.0.1:6649'])
+>>> (config.nodes, config.shards, config.node_names[:2])
+(5, 4, ['node0', 'node1'])
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import functools
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +45,11 @@ from quorumstore.node.auth.check import AuthConfig, read_auth_file
 from quorumstore.node.limits import RequestLimits, limit_settings
 from quorumstore.node.oxia.relay import DEFAULT_RELAY_TIMEOUT_MS
 from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES
-from quorumstore.wire.addresses import host_port
 from quorumstore.wire.tls import TlsConfig
 
 PREFIX = "spark.quorumstore."
+#: A cluster name: it names a directory on every host.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PLACEMENTS = ("barrier", "independent")
 #: The bearer token that clients of the session present (Spark redacts `token` confs in
 #: its UI and logs).
@@ -89,6 +92,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "host": ("host", str.strip),
     "base_port": ("basePort", int),
     "data_dir": ("dataDir", Path),
+    "cluster_name": ("clusterName", str.strip),
     "metadata_url": ("metadataUrl", str.strip),
     "wal_sync": ("walSync", _boolean),
     "kv_memory_bytes": ("kvMemory", _bytes),
@@ -108,21 +112,31 @@ _PATHS = ("tls_cert_file", "tls_key_file", "tls_trusted_ca_file", "auth_config")
 class HostingConfig:
     """Where and how the storage nodes and the coordinator of one hosted cluster run.
 
-    Node ``i`` listens on ``host:base_port + i`` and keeps its data in
-    ``data_dir/node<i>``; its identity is that address, so it must come back on the same
-    one after a restart, which is why ports are derived from the index and not picked
-    free. The coordinator's status port is ``base_port + nodes``, and node ``i``'s
-    internal port (node control, replication) ``base_port + nodes + 1 + i``: the
-    coordinator in the driver must know it before the node is up.
+    Node ``i`` is the member ``node<i>`` wherever it runs: it binds the address of its
+    executor's host that routes to the driver (or `host`), on free ports (or, with
+    `base_port`, client port ``base_port + i`` and internal port
+    ``base_port + nodes + 1 + i``), and registers its addresses with the coordinator,
+    which serves status on ``base_port + nodes`` and registrations on
+    ``base_port + 2 * nodes + 1`` (free ports without `base_port`). It keeps its data in
+    ``node<i>`` under `data_dir` on its host, by default under the executors' local
+    directories (``<local dir>/quorumstore/<cluster_name>``); on local masters, whose
+    executors share the driver's machine, under ``./quorumstore-data``.
     """
 
     nodes: int = 3
     shards: int = 8
     replication_factor: int = 3
     placement: str = "barrier"
-    host: str = "127.0.0.1"
-    base_port: int = 6648
-    data_dir: Path = Path("quorumstore-data")
+    #: Every node's and the coordinator's address; None: each node its executor's host,
+    #: the coordinator the driver's (127.0.0.1 on local masters).
+    host: str | None = None
+    #: First of the fixed ports; None: free ports.
+    base_port: int | None = None
+    #: Where each host keeps its nodes' data; None: see the class docstring.
+    data_dir: Path | None = None
+    #: Names the cluster's data under the executors' local directories, so that an
+    #: application started again finds it.
+    cluster_name: str = "default"
     #: Path or fsspec URL of the coordinator's metadata; "" means data_dir/coordinator/metadata.pb.
     metadata_url: str = ""
     wal_sync: bool = True
@@ -170,18 +184,23 @@ class HostingConfig:
                     ) from None
         values["limits"] = _request_limits(conf)
         config = dataclasses.replace(cls(), **values)
-        data_dir = Path(os.path.abspath(Path(config.data_dir).expanduser()))
+        if config.data_dir is None and local_master(conf.get("spark.master", "local")):
+            config = dataclasses.replace(config, data_dir=Path("quorumstore-data"))
         absolute: dict[str, Any] = {
             name: Path(os.path.abspath(Path(getattr(config, name)).expanduser()))
-            for name in _PATHS
+            for name in ("data_dir", *_PATHS)
             if getattr(config, name) is not None
         }
-        config = dataclasses.replace(
-            config,
-            data_dir=data_dir,
-            metadata_url=config.metadata_url or str(data_dir / "coordinator" / "metadata.pb"),
-            **absolute,
-        )
+        config = dataclasses.replace(config, **absolute)
+        if not config.metadata_url:
+            # On the driver: beside the nodes' data on local masters, else in its own
+            # directory (the coordinator rebuilds it from the replicas if it is lost).
+            metadata = (
+                Path(os.path.abspath("quorumstore-data")) / "coordinator" / config.cluster_name
+                if config.data_dir is None
+                else config.data_dir / "coordinator"
+            ) / "metadata.pb"
+            config = dataclasses.replace(config, metadata_url=str(metadata))
         config.validate()
         return config
 
@@ -201,12 +220,18 @@ class HostingConfig:
             problems.append(
                 f"{PREFIX}placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}"
             )
-        if not self.host:
+        if self.host is not None and not self.host:
             problems.append(f"{PREFIX}host must not be empty")
-        if not 1 <= self.base_port <= 65535 - 2 * self.nodes:
+        if self.base_port is not None and not 1 <= self.base_port <= 65535 - 2 * self.nodes - 1:
             problems.append(
                 f"{PREFIX}basePort must leave room for {self.nodes} node ports, the coordinator's "
-                f"and {self.nodes} internal ports (1..{65535 - 2 * self.nodes}), got {self.base_port}"
+                f"two and {self.nodes} internal ports (1..{65535 - 2 * self.nodes - 1}), "
+                f"got {self.base_port}"
+            )
+        if not NAME_PATTERN.fullmatch(self.cluster_name):
+            problems.append(
+                f"{PREFIX}clusterName must be 1 to 64 letters, digits, '.', '_' or '-', "
+                f"starting with a letter or digit, got {self.cluster_name!r}"
             )
         if self.kv_memory_bytes < 1:
             problems.append(
@@ -265,23 +290,24 @@ class HostingConfig:
         return raw
 
     @property
-    def node_addresses(self) -> list[str]:
-        return [host_port(self.host, self.base_port + i) for i in range(self.nodes)]
+    def node_names(self) -> list[str]:
+        """The nodes' member names, node ``i`` at index ``i``."""
+        return [f"node{i}" for i in range(self.nodes)]
 
-    @property
-    def internal_addresses(self) -> dict[str, str]:
-        """Node address -> its internal address."""
-        return {
-            address: host_port(self.host, self.internal_port(i))
-            for i, address in enumerate(self.node_addresses)
-        }
+    def client_port(self, index: int) -> int:
+        """Node `index`'s client port: fixed with `base_port`, else 0 (a free one)."""
+        return 0 if self.base_port is None else self.base_port + index
 
     def internal_port(self, index: int) -> int:
-        return self.admin_port + 1 + index
+        return 0 if self.base_port is None else self.base_port + self.nodes + 1 + index
 
     @property
     def admin_port(self) -> int:
-        return self.base_port + self.nodes
+        return 0 if self.base_port is None else self.base_port + self.nodes
+
+    @property
+    def registry_port(self) -> int:
+        return 0 if self.base_port is None else self.base_port + 2 * self.nodes + 1
 
     @property
     def failure_timeout_ms(self) -> int:
@@ -332,6 +358,11 @@ def _checked_override(name: str, value: Any) -> Any:
         return value
     wanted = " or ".join("path" if k is os.PathLike else k.__name__ for k in kinds)
     raise TypeError(f"{name} must be of type {wanted}, got {value!r} ({type(value).__name__})")
+
+
+def local_master(master: str) -> bool:
+    """Whether a master URL runs every executor on the driver's machine."""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
 def node_path(data_dir: str | os.PathLike[str], index: int, suffix: str = "") -> Path:

@@ -9,9 +9,10 @@ its state (`call`) runs on that loop, never on the caller's thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from quorumstore import event_loops
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
@@ -31,11 +32,27 @@ class CoordinatorThread:
             target=self._loop.run_forever, name="quorumstore-coordinator", daemon=True
         )
 
-    def start(self) -> None:
-        """Loads or creates the metadata and starts serving; raises what the server raised."""
-        self._thread.start()
+    @property
+    def running(self) -> bool:
+        """Whether the loop runs (started, not stopped): `call` answers only then."""
+        return self._thread.is_alive()
+
+    def open_registry(self) -> str | None:
+        """Starts the loop and serves the node registry; returns its address."""
+        if not self._thread.is_alive():
+            self._thread.start()
+        return self._run(self.server.open_registry())
+
+    def start(self) -> concurrent.futures.Future[None]:
+        """Loads or creates the metadata and starts serving, which can wait for the nodes'
+        first reports; the future completes then, or with what the server raised."""
+        if not self._thread.is_alive():
+            self._thread.start()
+        return asyncio.run_coroutine_threadsafe(self.server.start(), self._loop)
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         try:
-            asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result()
+            return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
         except BaseException:
             self.stop()
             raise

@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from quorumstore.client import Client
@@ -32,7 +36,7 @@ from quorumstore.coordinator.cluster_status import all_replicas_serving, format_
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.spark.conf_keys import warn_unknown_keys
-from quorumstore.spark.config import TOKEN_CONF, HostingConfig, node_path
+from quorumstore.spark.config import TOKEN_CONF, HostingConfig, local_master, node_path
 from quorumstore.spark.coordinator_thread import CoordinatorThread
 from quorumstore.spark.node_jobs import (
     NodeJob,
@@ -43,7 +47,7 @@ from quorumstore.spark.node_jobs import (
     wait_for_exit,
 )
 from quorumstore.spark.slots import check_free_slots
-from quorumstore.wire.addresses import host_port
+from quorumstore.storage.durable_files import replace_durably
 from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.certificates import CertificateAuthority
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
@@ -53,6 +57,13 @@ log = logging.getLogger(__name__)
 
 #: How long `stop()` waits for Spark to kill the node processes after cancelling.
 _EXIT_TIMEOUT_S = 30.0
+#: A node the coordinator cannot reach for this long fails the start (it is logged
+#: after `UNREACHABLE_WARNING_S`).
+UNREACHABLE_START_FAILURE_S = 10.0
+#: The session setting the state store provider and the DataFrame source read.
+ADDRESS_CONF = "spark.quorumstore.address"
+#: Values of `ADDRESS_CONF` hosted clusters of this process set (a later one replaces them).
+_published: set[str] = set()
 
 
 class ClusterStartError(RuntimeError):
@@ -78,7 +89,13 @@ class HostedClusterStatus:
 
     @property
     def leaders(self) -> dict[int, str]:
-        """Shard id -> leader address ("" while the shard has none)."""
+        """Shard id -> its leader's client address ("" while the shard has none)."""
+        addresses = self.cluster.node_addresses
+        return {s.shard: addresses.get(s.leader, s.leader) for s in self.cluster.metadata.shards}
+
+    @property
+    def leader_names(self) -> dict[int, str]:
+        """Shard id -> its leader's node name (``node<i>``; "" while none)."""
         return {s.shard: s.leader for s in self.cluster.metadata.shards}
 
     def __str__(self) -> str:
@@ -90,11 +107,6 @@ class HostedCluster:
 
     Attributes
     ----------
-    address : str
-        A node's client address (``host:port``) for Oxia-protocol clients; any node
-        answers shard discovery, and clients then follow each shard's leader.
-    addresses : list of str
-        Every node's address, node ``i`` at index ``i``.
     admin_address : str
         The coordinator's status endpoint (``quorumstore status --coordinator ...``).
     config : HostingConfig
@@ -111,9 +123,9 @@ class HostedCluster:
         ca: CertificateAuthority,
     ):
         self.config = config
-        self.addresses = config.node_addresses
-        self.address = self.addresses[0]
-        self.admin_address = host_port(config.host, config.admin_port)
+        self.admin_address = coordinator.server.admin_address or ""
+        self._addresses: list[str] = []
+        self._spark = spark
         self._sc = spark.sparkContext
         self._coordinator = coordinator
         self._cluster_id = cluster_id
@@ -126,6 +138,22 @@ class HostedCluster:
         self._spark_gone = False
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every node's client address now (``host:port``), node ``i`` first at index
+        ``i``; a node that moved to another host has a new one."""
+        if self._coordinator.running:
+            book = self._coordinator.call(lambda server: dict(server.addresses.client))
+            self._addresses = [book[name] for name in self.config.node_names if name in book]
+        return list(self._addresses)
+
+    @property
+    def address(self) -> str:
+        """The nodes' client addresses, comma-separated, for Oxia-protocol clients, the
+        DataFrame source and the state store: any node answers shard discovery, and
+        clients then follow each shard's leader."""
+        return ",".join(self.addresses)
 
     def client(self, **options: Any) -> Client:
         """A connected `quorumstore.Client` of this cluster (close it, or use ``with``).
@@ -141,7 +169,7 @@ class HostedCluster:
         token = self._sc.getConf().get(TOKEN_CONF)
         if "token" not in options and token:
             options["token"] = token
-        return Client(self.address, **options)
+        return Client(self.addresses, **options)
 
     def status(self) -> HostedClusterStatus:
         """Shards (term, leader, offsets, follower lag), live nodes and node jobs, now."""
@@ -155,8 +183,8 @@ class HostedCluster:
         """Node index -> pid of the Python worker running it, as its task last wrote it.
 
         Read from ``data_dir/node<i>.pid``, so only meaningful on the executors' machine
-        (local and local-cluster masters); pid files older than this cluster, and processes
-        that have exited, are left out.
+        (local and local-cluster masters, or a `data_dir` the driver shares); pid files
+        older than this cluster, and processes that have exited, are left out.
         """
         return {
             i: int(text)
@@ -167,7 +195,9 @@ class HostedCluster:
     def _node_files(self, suffix: str) -> dict[int, str]:
         """Node index -> text of ``data_dir/node<i><suffix>``, which node tasks write on
         this machine, where not older than this cluster."""
-        found = {}
+        found: dict[int, str] = {}
+        if self.config.data_dir is None:
+            return found
         for i in range(self.config.nodes):
             path = node_path(self.config.data_dir, i, suffix)
             try:
@@ -187,6 +217,7 @@ class HostedCluster:
                 return
             self._stopped = True
         atexit.unregister(self.stop)
+        self._save_placement()
         self._coordinator.stop()
         for job in self._jobs:
             job.cancel()
@@ -243,32 +274,48 @@ class HostedCluster:
             )
 
     def _launch(self) -> None:
-        """Submits the node jobs; returns when every shard has a leader and all its replicas.
+        """Submits the node jobs, starts the coordinator's engine; returns when every
+        shard has a leader and all its replicas.
 
         A node job failing before that is a setup problem (the executors' Python lacks
-        quorumstore, nodes on several machines, ...), not a crash to supervise, so it
-        fails the start with the job's error instead of being resubmitted.
+        quorumstore, a fixed host other hosts do not own, ...), not a crash to
+        supervise, so it fails the start with the job's error instead of being
+        resubmitted; so does a node the coordinator cannot reach for
+        `UNREACHABLE_START_FAILURE_S`.
         """
+        registry = self._coordinator.open_registry()
+        assert registry is not None
         self._jobs = submit_node_jobs(
             self._sc,
             self.config,
             self._cluster_id,
+            registry,
             self._spark_stopped_under_cluster,
+            self._preferred_hosts,
             self._secret,
             self._ca,
         )
+        started = self._coordinator.start()
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
-            status = self._coordinator.call(CoordinatorServer.cluster_status)
-            if _serving(status):
-                self._adopt_saved_shard_count(status)
-                return
+            if started.done():
+                started.result()  # raises what stopped the coordinator from starting
+                self.admin_address = self._coordinator.server.admin_address or ""
+                status = self._coordinator.call(CoordinatorServer.cluster_status)
+                if _serving(status):
+                    self._adopt_saved_shard_count(status)
+                    self._save_placement()
+                    self._publish_address()
+                    return
             for job in self._jobs:
                 state = job.state()
                 if state.last_failure is not None:
                     raise ClusterStartError(
                         f"the storage node job {state.group} failed while starting: {state.last_failure}"
                     )
+            for since, reason in self._coordinator.call(lambda s: list(s.unreachable.values())):
+                if time.monotonic() - since >= UNREACHABLE_START_FAILURE_S:
+                    raise ClusterStartError(reason)
             if spark_stopped(self._sc):
                 raise ClusterStartError("the SparkContext stopped while the cluster was starting")
             time.sleep(0.1)
@@ -278,9 +325,66 @@ class HostedCluster:
         )
         raise ClusterStartError(
             f"not every shard had a leader and all its replicas within {self.config.start_timeout_s:g} s "
-            f"(spark.quorumstore.startTimeout); the node tasks' logs are in the executors' stderr."
-            f"{failing}\n{self.status()}"
+            f"(spark.quorumstore.startTimeout); the node tasks log their start-up and bind "
+            f"address in the executors' stderr.{failing}\n"
+            + (str(self.status()) if started.done() else "no node reported to the coordinator")
         )
+
+    def _placement_file(self) -> Path | None:
+        """Where the hosts holding each node's data are kept between applications:
+        beside the coordinator's metadata when that is a local file."""
+        url = self.config.metadata_url
+        if "://" in url and not url.startswith("file://"):
+            return None
+        return Path(url.removeprefix("file://")).parent / "placement.json"
+
+    def _preferred_hosts(self) -> dict[int, str]:
+        """Node index -> the host to run it on: the one holding its data, where it last
+        registered from in this application or (from the placement file) the one
+        before; for a node without one, an executor host no other node has, so that the
+        replicas of a shard do not share a host (losing it would lose their majority)."""
+        hosts: dict[int, str] = {}
+        path = self._placement_file()
+        if path is not None and path.is_file():
+            try:
+                saved = json.loads(path.read_text())
+                hosts.update({int(i): str(h) for i, h in saved.get("hosts", {}).items()})
+            except (OSError, ValueError, AttributeError) as e:
+                log.warning("ignoring %s: %s", path, e)
+        if self._coordinator.running:
+            book = self._coordinator.call(lambda server: dict(server.addresses.client))
+            for i, name in enumerate(self.config.node_names):
+                if name in book:
+                    hosts[i] = book[name].rpartition(":")[0].strip("[]")
+        live = executor_hosts(self._sc)
+        if live:  # a host without an executor would hold up the others' placement
+            hosts = {i: h for i, h in hosts.items() if h in live}
+        spare = [h for h in live if h not in hosts.values()]
+        for i in range(self.config.nodes):
+            if i not in hosts and spare:
+                hosts[i] = spare.pop(0)
+        return hosts
+
+    def _save_placement(self) -> None:
+        path = self._placement_file()
+        if path is None:
+            return
+        try:
+            hosts = self._preferred_hosts()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            replace_durably(path, json.dumps({"hosts": hosts}).encode())
+        except (OSError, RuntimeError, TimeoutError) as e:
+            log.warning("could not save the nodes' hosts to %s: %s", path, e)
+
+    def _publish_address(self) -> None:
+        """Points the session's state store and DataFrame source at this cluster, unless
+        the user pointed them elsewhere: ``spark.quorumstore.address``, as a session
+        setting, reaches the queries started from now on."""
+        conf = self._spark.conf
+        current = conf.get(ADDRESS_CONF, None)
+        if current is None or current in _published:
+            _published.add(self.address)
+            conf.set(ADDRESS_CONF, self.address)
 
     def _adopt_saved_shard_count(self, status: pb.ClusterStatus) -> None:
         """A restart on existing data keeps the shard count saved with it (the coordinator
@@ -298,6 +402,7 @@ def start(
     *,
     placement: str | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    cluster_name: str | None = None,
     metadata_url: str | None = None,
     host: str | None = None,
     base_port: int | None = None,
@@ -315,8 +420,9 @@ def start(
     per node (``"independent"``). The driver resubmits a node job that fails, and the
     nodes restart from their data directories. Arguments left as None come from the
     session's ``spark.quorumstore.*`` settings, then from the defaults in
-    `HostingConfig` (3 nodes, 8 shards, replication factor 3, barrier placement, ports
-    from 6648, data in ./quorumstore-data).
+    `HostingConfig` (3 nodes, 8 shards, replication factor 3, barrier placement, free
+    ports on each executor's host, data in the executors' local directories, or in
+    ./quorumstore-data on local masters).
 
     Parameters
     ----------
@@ -327,13 +433,21 @@ def start(
     placement : str, optional
         ``"barrier"`` or ``"independent"``; see docs/running-on-spark.md.
     data_dir : path, optional
-        Node ``i`` keeps its data in ``data_dir/node<i>``; reused on restart.
+        Node ``i`` keeps its data in ``data_dir/node<i>`` on the host it runs on (a path
+        that exists on every host); reused on restart.
+    cluster_name : str, optional
+        Without `data_dir`, names the directory under the executors' local directories
+        that holds the nodes' data (default ``default``), so a restarted application
+        finds it.
     metadata_url : str, optional
-        Path or fsspec URL of the coordinator's metadata (default under `data_dir`).
+        Path or fsspec URL of the coordinator's metadata (default under `data_dir`, or
+        ./quorumstore-data/coordinator/<cluster_name> on the driver).
     host, base_port : optional
-        Node ``i`` serves clients on ``host:base_port+i``, the coordinator's status on
-        ``base_port+nodes``, and node ``i``'s internal port (node control and replication,
-        for members only) is ``base_port+nodes+1+i``.
+        Fixed addresses, for one machine: every node binds `host`, node ``i`` serves
+        clients on ``base_port+i``, the coordinator its status on ``base_port+nodes``
+        and registrations on ``base_port+2*nodes+1``, and node ``i``'s internal port
+        (node control and replication, members only) is ``base_port+nodes+1+i``.
+        Unset, each node binds its executor's host on free ports.
     wal_sync : bool, optional
         fsync the nodes' WALs (default True).
     kv_memory_bytes : int, optional
@@ -380,6 +494,7 @@ def start(
         replication_factor=replication_factor,
         placement=placement,
         data_dir=data_dir,
+        cluster_name=cluster_name,
         metadata_url=metadata_url,
         host=host,
         base_port=base_port,
@@ -404,8 +519,7 @@ def launch(spark: SparkSession, config: HostingConfig) -> HostedCluster:
     # holds them, and the node tasks get theirs inside their closure (docs/security.md).
     secret = ClusterSecret.generate()
     ca = CertificateAuthority.create()
-    coordinator = CoordinatorThread(coordinator_config(config, secret, ca))
-    coordinator.start()
+    coordinator = CoordinatorThread(coordinator_config(config, driver_host(sc, config), secret, ca))
     cluster = HostedCluster(
         spark, config, coordinator, f"quorumstore-{uuid.uuid4().hex[:8]}", secret, ca
     )
@@ -418,22 +532,48 @@ def launch(spark: SparkSession, config: HostingConfig) -> HostedCluster:
     return cluster
 
 
+def executor_hosts(sc: SparkContext) -> list[str]:
+    """The distinct hosts of the application's executors, by the name Spark schedules
+    by; none when they all share the driver's (local masters)."""
+    if spark_stopped(sc):
+        return []
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+    driver = sc.getConf().get("spark.driver.host")
+    hosts = sorted({info.host() for info in infos} - {driver})
+    return hosts if len(hosts) > 1 else []
+
+
+def driver_host(sc: SparkContext, config: HostingConfig) -> str:
+    """Where the coordinator serves: the configured host, else loopback when every
+    executor shares the driver's machine, else the driver's address as executors
+    reach it (``spark.driver.host``)."""
+    if config.host is not None:
+        return config.host
+    if local_master(sc.master or "local"):
+        return "127.0.0.1"
+    return sc.getConf().get("spark.driver.host") or socket.gethostbyname(socket.gethostname())
+
+
 def coordinator_config(
-    config: HostingConfig, secret: ClusterSecret, ca: CertificateAuthority
+    config: HostingConfig, host: str, secret: ClusterSecret, ca: CertificateAuthority
 ) -> CoordinatorServerConfig:
-    """The settings of the coordinator a hosted cluster runs in the driver."""
+    """The settings of the coordinator a hosted cluster runs in the driver, on `host`:
+    it knows the nodes by name and learns their addresses when they register."""
     return CoordinatorServerConfig(
-        nodes=config.node_addresses,
+        nodes=config.node_names,
         metadata_url=config.metadata_url,
-        internal_addresses=config.internal_addresses,
+        internal_addresses={},
         cluster_secret=secret,
         internal_tls=ca.internal_tls("coordinator"),
         tls=config.public_tls,
         namespaces={DEFAULT_NAMESPACE: config.shards},
         replication_factor=config.replication_factor,
-        admin_host=config.host,
+        admin_host=host,
         admin_port=config.admin_port,
         failure_timeout_ms=config.failure_timeout_ms,
+        registry_host=host,
+        registry_port=config.registry_port,
+        first_reports_wait_s=config.start_timeout_s,
     )
 
 

@@ -11,6 +11,11 @@ coordinator re-elects. A job group per thread (``interruptOnCancel=True``) lets
 Placements: `barrier` is one job with a barrier task per node (gang-scheduled, addresses
 exchanged, but one node's death restarts all); `independent` is one single-task job per
 node, so a node fails and comes back alone.
+
+Each submission asks Spark to run node ``i`` on the host that holds its data (the host
+it last registered from; Spark's preferred locations, `located_rdd`), so a restarted
+node returns to its disk while that host lives; elsewhere it starts empty and is caught
+up by its shards' leaders.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from pyspark import SparkContext
+from pyspark.rdd import RDD
+from pyspark.serializers import BatchedSerializer, CPickleSerializer
 
 from quorumstore.spark import node_task
 from quorumstore.spark.config import HostingConfig
@@ -67,6 +74,7 @@ class NodeJob(threading.Thread):
         barrier: bool,
         body: Callable[[Iterable[int]], Iterator[str]],
         on_spark_stopped: Callable[[], None],
+        preferred_hosts: Callable[[], Mapping[int, str]],
     ):
         super().__init__(name=f"quorumstore-{group}", daemon=True)
         self._sc = sc
@@ -76,6 +84,7 @@ class NodeJob(threading.Thread):
         self._barrier = barrier
         self._body = body
         self._on_spark_stopped = on_spark_stopped
+        self._preferred_hosts = preferred_hosts
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._submissions = 0
@@ -96,7 +105,8 @@ class NodeJob(threading.Thread):
                 self._submissions += 1
             self._sc.setJobGroup(self.group, self._description, interruptOnCancel=True)
             try:
-                rdd = self._sc.parallelize(self._nodes, len(self._nodes))
+                hosts = self._preferred_hosts()
+                rdd = located_rdd(self._sc, [(i, hosts.get(i)) for i in self._nodes])
                 (rdd.barrier() if self._barrier else rdd).mapPartitions(self._body).collect()
                 failure = "the node tasks returned"
             except Exception as e:  # noqa: BLE001 - every way a job ends is a failure here
@@ -166,24 +176,29 @@ def submit_node_jobs(
     sc: SparkContext,
     config: HostingConfig,
     cluster_id: str,
+    coordinator: str,
     on_spark_stopped: Callable[[], None],
+    preferred_hosts: Callable[[], Mapping[int, str]],
     secret: ClusterSecret,
     ca: CertificateAuthority,
 ) -> list[NodeJob]:
     """Starts the node jobs of `config.placement`; each runs until cancelled, or until
     the SparkContext stops under it, which it reports through `on_spark_stopped`. The
-    cluster `secret`, each node's certificate from the cluster's `ca`, and the client
-    ports' TLS and auth config travel to the executors inside the tasks' closure."""
+    nodes register with the coordinator's registry at `coordinator`. The cluster
+    `secret`, each node's certificate from the cluster's `ca`, and the client ports' TLS
+    and auth config travel to the executors inside the tasks' closure."""
     barrier = config.placement == "barrier"
     spec = node_task.NodeTaskSpec(
         host=config.host,
-        base_port=config.base_port,
-        internal_base_port=config.internal_port(0),
+        client_ports=tuple(config.client_port(i) for i in range(config.nodes)),
+        internal_ports=tuple(config.internal_port(i) for i in range(config.nodes)),
+        coordinator=coordinator,
         cluster_secret=secret,
-        internal_tls=tuple(ca.internal_tls(f"node{i}") for i in range(config.nodes)),
+        internal_tls=tuple(ca.internal_tls(name) for name in config.node_names),
         tls=config.public_tls,
         auth=config.auth,
-        data_dir=str(config.data_dir),
+        data_dir=None if config.data_dir is None else str(config.data_dir),
+        cluster_name=config.cluster_name,
         wal_sync=config.wal_sync,
         kv_memory_bytes=config.kv_memory_bytes,
         relay_timeout_ms=config.relay_timeout_ms,
@@ -193,34 +208,48 @@ def submit_node_jobs(
     )
     body = functools.partial(node_task.serve_partition, spec)
     if barrier:
-        nodes = list(range(config.nodes))
-        jobs = [
-            NodeJob(
-                sc,
+        groups = [
+            (
                 f"{cluster_id}-nodes",
                 f"quorumstore storage nodes 0-{config.nodes - 1} (barrier)",
-                nodes,
-                True,
-                body,
-                on_spark_stopped,
+                list(range(config.nodes)),
             )
         ]
     else:
-        jobs = [
-            NodeJob(
-                sc,
-                f"{cluster_id}-node{i}",
-                f"quorumstore storage node {i}",
-                [i],
-                False,
-                body,
-                on_spark_stopped,
-            )
+        groups = [
+            (f"{cluster_id}-node{i}", f"quorumstore storage node {i}", [i])
             for i in range(config.nodes)
         ]
+    jobs = [
+        NodeJob(sc, group, description, nodes, barrier, body, on_spark_stopped, preferred_hosts)
+        for group, description, nodes in groups
+    ]
     for job in jobs:
         job.start()
     return jobs
+
+
+def located_rdd(sc: SparkContext, items: list[tuple[int, str | None]]) -> RDD[int]:
+    """An RDD with one partition per item, each holding the item's int and preferring
+    the item's host (Spark's ``makeRDD`` with locations, which PySpark does not offer).
+
+    Each partition's single element is pickled the way `SparkContext.parallelize`
+    batches them (a list per batch), so the Python side reads it as any PySpark RDD.
+    """
+    jvm = sc._jvm
+    assert jvm is not None
+    converters = jvm.scala.jdk.javaapi.CollectionConverters
+    serializer = CPickleSerializer()
+    pairs = jvm.java.util.ArrayList()
+    for item, host in items:
+        hosts = jvm.java.util.ArrayList()
+        if host:
+            hosts.add(host)
+        element = bytearray(serializer.dumps([item]))
+        pairs.add(jvm.scala.Tuple2(element, converters.asScala(hosts).toSeq()))
+    byte_array = jvm.scala.reflect.ClassTag.apply(jvm.java.lang.Class.forName("[B"))
+    jrdd = sc._jsc.sc().makeRDD(converters.asScala(pairs).toSeq(), byte_array)
+    return RDD(jrdd.toJavaRDD(), sc, BatchedSerializer(CPickleSerializer(), 1))
 
 
 def spark_stopped(sc: SparkContext) -> bool:

@@ -7,9 +7,16 @@ other modules are needed there anyway). Either placement:
 
 * barrier: one barrier job whose tasks are all the nodes; after its node is up, each
   task exchanges its address through ``BarrierTaskContext.allGather``, which tells
-  every task that all nodes were scheduled and checks they share one machine when
-  they advertise a loopback address;
+  every task that all nodes were scheduled and checks that nodes on several machines
+  do not advertise a loopback address;
 * independent: one single-task job per node.
+
+Node ``i`` is the member ``node<i>`` wherever it runs. It binds the address of its
+host that routes to the coordinator (or the configured host), on free ports (or fixed
+ones), and registers its addresses with the coordinator in the driver
+(`quorumstore.node.registration`). Its data lives on its host: under the configured
+data directory, else under the executor's local directories, in
+``quorumstore/<cluster name>/node<i>``.
 
 A task never ends on its own. A failing node is restarted inside the task (stop,
 back off, start again from its data directory) instead of failing the task, because
@@ -19,12 +26,13 @@ and only the driver's supervisor brings them back. The task ends when Spark kill
 no ``finally`` blocks, which is safe because every acknowledged write is already in
 the node's fsynced WAL.
 
-Each task writes the pid of the Python worker running it to ``<data_dir>/node<i>.pid``,
-so an operator (or a fault test) can find and kill -9 the process of one node.
+Each task writes the pid of the Python worker running it to ``node<i>.pid`` beside the
+node's data directory, so an operator (or a fault test) can find and kill -9 the
+process of one node.
 
-Node ``i`` serves node control and replication on its internal port,
-``internal_base_port + i``, and admits only calls with the cluster secret, which the
-driver makes at start and hands over in the task spec (inside the job's closure).
+Node ``i`` serves node control and replication on its internal port and admits only
+members: mutual TLS with the certificate the driver made for it, and the cluster
+secret, both handed over in the task spec (inside the job's closure).
 """
 
 from __future__ import annotations
@@ -35,8 +43,10 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -65,16 +75,22 @@ class NodeConfigError(RuntimeError):
 class NodeTaskSpec:
     """What every node task needs to know; pickled into the job's closure by the driver."""
 
-    host: str
-    base_port: int
-    internal_base_port: int
+    #: The address every node binds; None: the one of its host that routes to `coordinator`.
+    host: str | None
+    #: Node i's client and internal ports (0: a free one).
+    client_ports: tuple[int, ...]
+    internal_ports: tuple[int, ...]
+    #: The coordinator's registry, where each node says where it is.
+    coordinator: str
     cluster_secret: ClusterSecret
     #: Node i's certificate from the cluster's CA: the internal plane's mutual TLS.
     internal_tls: tuple[TlsConfig, ...]
     #: The client ports' TLS (None: plaintext) and auth config (None: open).
     tls: TlsConfig | None
     auth: dict[str, Any] | None
-    data_dir: str
+    #: Where nodes keep their data on every host; None: the executors' local directories.
+    data_dir: str | None
+    cluster_name: str
     wal_sync: bool
     kv_memory_bytes: int
     relay_timeout_ms: int
@@ -82,16 +98,32 @@ class NodeTaskSpec:
     barrier: bool
     log_level: str
 
+    def data_root(self) -> Path:
+        """The directory of this host that holds the cluster's node directories."""
+        if self.data_dir is not None:
+            return Path(self.data_dir)
+        return executor_local_dir() / "quorumstore" / self.cluster_name
+
     def node_dir(self, index: int) -> Path:
-        return node_path(self.data_dir, index)
+        return node_path(self.data_root(), index)
+
+    def bind_host(self) -> str:
+        """The address node tasks on this host bind and advertise."""
+        if self.host is not None:
+            return self.host
+        return routed_address(self.coordinator.rpartition(":")[0].strip("[]"))
 
     def pid_file(self, index: int) -> Path:
-        return node_path(self.data_dir, index, ".pid")
+        return node_path(self.data_root(), index, ".pid")
+
+    def ports_file(self, index: int) -> Path:
+        """The ports node `index` last served on, on this host (see `_ports`)."""
+        return node_path(self.data_root(), index, ".ports")
 
     def start_error_file(self, index: int) -> Path:
         """Why the node's last start failed, while it is failing; read by the driver's
         start timeout on local masters, as the pid file is."""
-        return node_path(self.data_dir, index, ".start-error")
+        return node_path(self.data_root(), index, ".start-error")
 
 
 def serve_partition(spec: NodeTaskSpec, indices: Iterable[int]) -> Iterator[str]:
@@ -101,6 +133,15 @@ def serve_partition(spec: NodeTaskSpec, indices: Iterable[int]) -> Iterator[str]
     """
     (index,) = list(indices)
     _configure_logging(spec.log_level)
+    log.warning(
+        "quorumstore node %d starting on %s (pid %d): binds %s, data in %s, coordinator at %s",
+        index,
+        socket.gethostname(),
+        os.getpid(),
+        spec.bind_host(),
+        spec.node_dir(index),
+        spec.coordinator,
+    )
     spec.pid_file(index).parent.mkdir(parents=True, exist_ok=True)
     spec.pid_file(index).write_text(f"{os.getpid()}\n")
     event_loops.run(_supervise(spec, index))
@@ -110,7 +151,7 @@ def serve_partition(spec: NodeTaskSpec, indices: Iterable[int]) -> Iterator[str]
 async def _supervise(spec: NodeTaskSpec, index: int) -> None:
     node = await _start_until_up(spec, index)
     if spec.barrier:
-        await asyncio.to_thread(_gather_addresses, spec, index, node.name)
+        await asyncio.to_thread(_gather_addresses, index, node.address)
     backoff = restart_backoff()
     while True:
         started = time.monotonic()
@@ -136,13 +177,17 @@ async def _supervise(spec: NodeTaskSpec, index: int) -> None:
 async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
     """Starts node `index`, retrying with backoff until it serves; returns it."""
     backoff = restart_backoff()
+    host = spec.bind_host()
     while True:
+        client_port, internal_port = _ports(spec, index, host)
         node = Node(
             NodeConfig(
                 spec.node_dir(index),
-                host=spec.host,
-                port=spec.base_port + index,
-                internal_port=spec.internal_base_port + index,
+                host=host,
+                port=client_port,
+                internal_port=internal_port,
+                name=f"node{index}",
+                coordinator=spec.coordinator,
                 cluster_secret=spec.cluster_secret,
                 internal_tls=spec.internal_tls[index],
                 tls=spec.tls,
@@ -154,8 +199,8 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
             )
         )
         try:
-            _check_port_free(spec, index, spec.base_port + index)
-            _check_port_free(spec, index, spec.internal_base_port + index)
+            _check_port_free(host, index, client_port)
+            _check_port_free(host, index, internal_port)
             address = await node.start()
         except (NodeConfigError, DataFormatError):
             raise
@@ -173,8 +218,9 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
             await asyncio.sleep(delay)
             continue
         spec.start_error_file(index).unlink(missing_ok=True)
-        log.info(
-            "node %d serving on %s (pid %d, data in %s)",
+        _remember_ports(spec, index, host, node)
+        log.warning(
+            "quorumstore node %d serving on %s (pid %d, data in %s)",
             index,
             address,
             os.getpid(),
@@ -183,8 +229,41 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
         return node
 
 
-def _check_port_free(spec: NodeTaskSpec, index: int, port: int) -> None:
-    """Refuses to start while anything listens on one of the node's ports.
+def _ports(spec: NodeTaskSpec, index: int, host: str) -> tuple[int, int]:
+    """The node's client and internal ports: the configured ones; else the ones it had
+    on this host before, while they are free, so that clients holding its old address
+    (a state store provider's bootstrap list) still find it after a restart; else 0."""
+    fixed = spec.client_ports[index], spec.internal_ports[index]
+    if fixed != (0, 0):
+        return fixed
+    try:
+        last = json.loads(spec.ports_file(index).read_text())
+        ports = int(last["client"]), int(last["internal"])
+        if last["host"] != host:
+            return 0, 0
+        for port in ports:
+            probe_port(host, port)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, 0
+    return ports
+
+
+def _remember_ports(spec: NodeTaskSpec, index: int, host: str, node: Node) -> None:
+    ports = {
+        "host": host,
+        "client": int(node.address.rpartition(":")[2]),
+        "internal": int(node.internal_address.rpartition(":")[2]),
+    }
+    try:
+        spec.ports_file(index).write_text(json.dumps(ports))
+    except OSError as e:
+        log.warning(
+            "node %d: cannot remember its ports in %s: %s", index, spec.ports_file(index), e
+        )
+
+
+def _check_port_free(host: str, index: int, port: int) -> None:
+    """Refuses to start while anything listens on one of the node's fixed ports.
 
     The node's own bind would fail then too (it binds without SO_REUSEPORT); probing
     first tells the causes apart: an address this machine does not own is a
@@ -192,12 +271,13 @@ def _check_port_free(spec: NodeTaskSpec, index: int, port: int) -> None:
     incarnation that Spark has not finished killing) is retried.
     """
     try:
-        probe_port(spec.host, port)
+        probe_port(host, port)
     except OSError as e:
         if e.errno == errno.EADDRNOTAVAIL:
             raise NodeConfigError(
                 f"node {index} runs on {socket.gethostname()}, which does not own the address "
-                f"{spec.host}; every storage node must run on the machine spark.quorumstore.host names"
+                f"{host} (spark.quorumstore.host); leave that setting unset on a cluster of "
+                "several hosts, so that each node binds its own host's address"
             ) from None
         if e.errno == errno.EADDRINUSE:
             raise OSError(
@@ -207,23 +287,57 @@ def _check_port_free(spec: NodeTaskSpec, index: int, port: int) -> None:
         raise
 
 
-def _gather_addresses(spec: NodeTaskSpec, index: int, address: str) -> None:
+def routed_address(destination: str) -> str:
+    """This host's address on the route to `destination`: the one the coordinator
+    there can reach it at. A connected UDP socket sends nothing; the kernel picks the
+    source address of the route when it connects."""
+    family = socket.AF_INET6 if ":" in destination else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((destination, 9))
+        return str(probe.getsockname()[0])
+
+
+#: The names Spark gives its per-application directories under a local directory.
+_SPARK_APP_DIR = re.compile(r"(spark|executor|blockmgr)-[0-9a-f-]{8,}")
+
+
+def executor_local_dir() -> Path:
+    """The first local directory configured for this host's executors, which outlives
+    the application: Spark hands its Python workers only the per-application
+    directories under it (``<dir>/spark-<id>/executor-<id>/blockmgr-<id>``, deleted
+    when the application ends), so the names Spark gives those are stripped. Without
+    any (YARN's per-application LOCAL_DIRS aside), the system's temporary directory."""
+    for variable in ("SPARK_EXECUTOR_DIRS", "SPARK_LOCAL_DIRS", "LOCAL_DIRS"):
+        separator = os.pathsep if variable == "SPARK_EXECUTOR_DIRS" else ","
+        dirs = [d.strip() for d in os.environ.get(variable, "").split(separator) if d.strip()]
+        if dirs:
+            path = Path(dirs[0])
+            while _SPARK_APP_DIR.fullmatch(path.name) and path.parent != path:
+                path = path.parent
+            return path
+    return Path(tempfile.gettempdir())
+
+
+def _gather_addresses(index: int, address: str) -> None:
     """Barrier placement: waits until every node task is up and checks where they run."""
     from pyspark import BarrierTaskContext
 
     me = json.dumps({"address": address, "machine": socket.gethostname(), "pid": os.getpid()})
     peers = [json.loads(m) for m in BarrierTaskContext.get().allGather(me)]
     machines = sorted({p["machine"] for p in peers})
-    if len(machines) > 1 and ipaddress.ip_address(socket.gethostbyname(spec.host)).is_loopback:
+    hosts = {p["address"].rpartition(":")[0].strip("[]") for p in peers}
+    loopback = [h for h in hosts if ipaddress.ip_address(socket.gethostbyname(h)).is_loopback]
+    if len(machines) > 1 and loopback:
         raise NodeConfigError(
-            f"storage nodes run on {len(machines)} machines ({', '.join(machines)}) but advertise the "
-            f"loopback address {spec.host}; hosting needs every executor on one machine"
+            f"storage nodes run on {len(machines)} machines ({', '.join(machines)}) but some "
+            f"advertise a loopback address ({', '.join(sorted(hosts))}); leave "
+            "spark.quorumstore.host unset so that each node binds its own host's address"
         )
     if index == 0:
-        log.info(
-            "all %d nodes up: %s",
+        log.warning(
+            "all %d quorumstore nodes up: %s",
             len(peers),
-            ", ".join(f"{p['address']} (pid {p['pid']})" for p in peers),
+            ", ".join(f"{p['address']} on {p['machine']} (pid {p['pid']})" for p in peers),
         )
 
 

@@ -43,7 +43,7 @@ def state_store_jar(force: bool = False) -> Path:
 
 
 def spark_confs(
-    address: str,
+    address: str | None = None,
     namespace: str = DEFAULT_NAMESPACE,
     *,
     prefix: str | None = None,
@@ -52,7 +52,8 @@ def spark_confs(
     local_dir: str | None = None,
 ) -> dict[str, str]:
     """Spark confs that make quorumstore (at `address`, "host:port[,host:port...]") the
-    state store of every streaming query of the session.
+    state store of every streaming query of the session. Without `address`, a cluster
+    the session hosts (`quorumstore.spark.start`) sets it once it serves.
 
     The jar goes in `spark.jars` alone: spark-submit adds it to the driver's class loader
     when the JVM starts, and Spark serves it to every executor, which adds it to the class
@@ -64,10 +65,10 @@ def spark_confs(
     confs = {
         "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASS,
         "spark.jars": jar,
-        "spark.quorumstore.address": address,
         "spark.quorumstore.namespace": namespace,
     }
     optional = {
+        "spark.quorumstore.address": address,
         "spark.quorumstore.stateStore.prefix": prefix,
         "spark.quorumstore.timeoutMs": timeout_ms,
         "spark.quorumstore.stateStore.snapshotInterval": snapshot_interval,

@@ -7,3 +7,9 @@ def host_port(host: str, port: int) -> str:
     """`host:port`, with an IPv6 literal in brackets (`[::1]:6648`), as gRPC expects."""
     bare = host.strip("[]")
     return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
+
+
+def is_host_port(address: str) -> bool:
+    """Whether `address` is `host:port` with a port gRPC can dial."""
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)

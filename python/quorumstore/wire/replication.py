@@ -6,6 +6,8 @@ The engine speaks plain dataclasses (`protocol.messages`); the servers speak
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata, ShardMetadata, ShardState
 from quorumstore.protocol.messages import (
@@ -80,12 +82,18 @@ def new_term_response_to_pb(m: NewTermResponse) -> pb.NewTermResponse:
         term=m.term,
         head=position_to_pb(m.head),
         commit_offset=m.commit_offset,
+        incarnation=m.incarnation,
     )
 
 
 def new_term_response_from_pb(r: pb.NewTermResponse, node: str) -> NewTermResponse:
     return NewTermResponse(
-        (r.namespace, r.shard), r.term, node, position_from_pb(r.head), r.commit_offset
+        (r.namespace, r.shard),
+        r.term,
+        node,
+        position_from_pb(r.head),
+        r.commit_offset,
+        r.incarnation,
     )
 
 
@@ -146,6 +154,7 @@ def shard_status_to_pb(s: ShardStatus, node: str = "") -> pb.ShardStatus:
             pb.FollowerStatus(name=f.name, acked_offset=f.acked_offset) for f in s.followers
         ],
         node=node,
+        incarnation=s.incarnation,
     )
 
 
@@ -157,6 +166,7 @@ def shard_status_from_pb(s: pb.ShardStatus) -> ShardStatus:
         position_from_pb(s.head),
         s.commit_offset,
         tuple(FollowerStatus(f.name, f.acked_offset) for f in s.followers),
+        s.incarnation,
     )
 
 
@@ -263,6 +273,7 @@ def metadata_to_pb(meta: ClusterMetadata) -> pb.CoordinatorMetadata:
                 status=_STATE_TO_PB[m.state],
                 eligible=sorted(m.eligible),
                 last_known_commit_offset=m.known_commit_offset,
+                incarnations=dict(m.incarnations),
             )
             for _, m in sorted(meta.shards.items())
         ],
@@ -282,14 +293,21 @@ def metadata_from_pb(p: pb.CoordinatorMetadata) -> ClusterMetadata:
             state=_STATE_FROM_PB[m.status],
             eligible=frozenset(m.eligible),
             known_commit_offset=m.last_known_commit_offset,
+            incarnations=dict(m.incarnations),
         )
     return ClusterMetadata(p.version, shards)
 
 
-def assignments_from_metadata(meta: ClusterMetadata) -> pb.ShardAssignmentsUpdate:
-    """The table clients route by: every shard's hash range and current leader."""
+def assignments_from_metadata(
+    meta: ClusterMetadata, addresses: Mapping[str, str], version: int
+) -> pb.ShardAssignmentsUpdate:
+    """The table clients route by: every shard's hash range and current leader, named by
+    the client addresses in `addresses` (node name -> address; a node whose address is
+    not known yet is left out). `version` orders the tables of one coordinator: it rises
+    with the metadata and with every address change."""
     namespaces: dict[str, list[pb.ShardAssignment]] = {}
     for (namespace, shard), m in sorted(meta.shards.items()):
+        leader = m.leader if m.state is ShardState.ONLINE else None
         namespaces.setdefault(namespace, []).append(
             pb.ShardAssignment(
                 shard=shard,
@@ -297,12 +315,12 @@ def assignments_from_metadata(meta: ClusterMetadata) -> pb.ShardAssignmentsUpdat
                     min_hash_inclusive=m.hash_range[0], max_hash_inclusive=m.hash_range[1]
                 ),
                 term=m.term,
-                leader=m.leader if m.state is ShardState.ONLINE and m.leader else "",
-                followers=[n for n in m.ensemble if n != m.leader],
+                leader=addresses.get(leader, "") if leader else "",
+                followers=[addresses[n] for n in m.ensemble if n != leader and n in addresses],
             )
         )
     return pb.ShardAssignmentsUpdate(
-        version=meta.version,
+        version=version,
         namespaces=[
             pb.NamespaceAssignments(namespace=ns, shards=shards)
             for ns, shards in namespaces.items()

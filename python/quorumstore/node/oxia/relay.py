@@ -157,8 +157,8 @@ class Leaders(Protocol):
     """This node's view of shard leadership (`routing.Router`)."""
 
     @property
-    def name(self) -> str:
-        """This node's address: the leader's when it leads the shard."""
+    def address(self) -> str:
+        """This node's client address: the leader's when it leads the shard."""
         ...
 
     def leader_address(self, shard: int) -> str | None:
@@ -327,7 +327,7 @@ class Relays:
                 await asyncio.wait_for(self._leaders.leader_change(shard, leader), remaining)
             except TimeoutError:
                 raise failure from None
-        if leader == self._leaders.name:
+        if leader == self._leaders.address:
             raise LeaderHere(shard)
         return leader
 

@@ -32,7 +32,7 @@ class ShardDirectory(Protocol):
     """What a node tells its client API: hosted shards and the routing table."""
 
     #: This node's client address (`host:port`), as clients reach it.
-    name: str
+    address: str
 
     def shard_host(self, namespace: str, shard: int) -> ShardHostApi | None:
         """The replica of the shard on this node; None when it is not hosted here."""
@@ -146,9 +146,9 @@ class Router:
         self._index: dict[int, tuple[str, str]] = {}
 
     @property
-    def name(self) -> str:
+    def address(self) -> str:
         """This node's client address."""
-        return self.directory.name
+        return self.directory.address
 
     async def assignments(
         self, namespace: str, context: grpc.aio.ServicerContext
@@ -168,7 +168,7 @@ class Router:
         while True:
             table = self.directory.assignments()
             if table.namespaces:
-                address = self.directory.name if gateway else None
+                address = self.directory.address if gateway else None
                 message = client_assignments(table, namespace, address)
                 if message != last_sent:
                     yield message
@@ -197,7 +197,7 @@ class Router:
         if host is None:
             return shard, None, table_leader or None
         if host.is_leader():
-            return shard, host, self.directory.name
+            return shard, host, self.directory.address
         return shard, host, host.leader_hint()
 
     def leader_host(self, request_shard: int | None) -> ShardHostApi:
@@ -247,7 +247,7 @@ class Router:
             except ValueError as e:
                 raise invalid(str(e)) from None
             hint = dict(refused.trailing_metadata).get(LEADER_HINT_METADATA_KEY)
-            if not may_relay or hint == self.directory.name:
+            if not may_relay or hint == self.directory.address:
                 raise
             return hint or relay.UNKNOWN_LEADER
 
