@@ -107,6 +107,10 @@ class StopClusterHook:
         implements: ClassVar[list[str]] = ["java.lang.Runnable"]  # read by Py4J
 
 
+#: Where nodes keep their data when no dataDir is set.
+EXECUTOR_DIRS = "the executors' local directories"
+
+
 def main() -> int:
     from pyspark.sql import SparkSession
 
@@ -137,7 +141,7 @@ def main() -> int:
     print(
         f"  {config.nodes} nodes ({', '.join(cluster.addresses)}), {config.shards} shards, replication factor "
         f"{config.replication_factor}, {config.placement} placement, data in "
-        f"{config.data_dir or 'the executors' local directories'}\n"
+        f"{config.data_dir or EXECUTOR_DIRS}\n"
         f"  status: quorumstore status --coordinator {cluster.admin_address}\n{cluster.status()}\n"
         "Serving until SIGTERM (or Ctrl-C).",
         flush=True,

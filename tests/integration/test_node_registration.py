@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -22,6 +24,7 @@ from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerC
 from quorumstore.node.node import Node, NodeConfig
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
+from quorumstore.testing import official_oxia_client
 from quorumstore.wire.auth import ClusterSecret
 
 NAMES = ["node0", "node1", "node2"]
@@ -87,9 +90,12 @@ def test_a_node_that_moves_is_followed_by_the_cluster_and_its_clients(tmp_path: 
         async with registered_cluster(tmp_path) as cluster:
             before = cluster.addresses()
             assert before == [cluster.nodes[n].address for n in NAMES]
+            # The official Oxia client, in leader mode, talks to each shard's leader.
+            official = await asyncio.to_thread(official_oxia_client, before[0])
             async with AsyncClient(",".join(before), request_timeout_s=30) as client:
                 for i in range(20):
                     await client.put(f"/moving/{i}", b"before")
+                    await asyncio.to_thread(official.put, f"/official/{i}", b"before")
 
                 # node1 restarts from its data on another port: the same member elsewhere.
                 await cluster.nodes["node1"].stop()
@@ -103,8 +109,12 @@ def test_a_node_that_moves_is_followed_by_the_cluster_and_its_clients(tmp_path: 
                 await asyncio.wait_for(registered(), 15)
                 for i in range(20, 40):
                     await client.put(f"/moving/{i}", b"after")
+                    await asyncio.to_thread(_put_retrying, official, f"/official/{i}")
                 for i in range(40):
                     assert (await client.get(f"/moving/{i}")).value in (b"before", b"after")
+                    # (Its own keys only: oxia 0.2.1 routes by XXH64, not Oxia's XXH3.)
+                    _, value, _ = await asyncio.to_thread(official.get, f"/official/{i}")
+                    assert value == (b"before" if i < 20 else b"after")
 
                 # Its peers and every node's routing table know the new address.
                 async def everyone_knows() -> None:
@@ -122,11 +132,26 @@ def test_a_node_that_moves_is_followed_by_the_cluster_and_its_clients(tmp_path: 
                         await asyncio.sleep(0.05)
 
                 await asyncio.wait_for(everyone_knows(), 15)
+            await asyncio.to_thread(official.close)
             status = cluster.coordinator.cluster_status()
             assert dict(status.node_addresses)["node1"] == moved.address
             assert all(status.nodes_alive.values())
 
     asyncio.run(scenario())
+
+
+def _put_retrying(client: Any, key: str, timeout_s: float = 30) -> None:
+    """A put by the official client, which has no retries of its own: its calls to a
+    moved leader fail until its shard map names the new address."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.put(key, b"after")
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_the_registry_admits_only_members_known_by_name(tmp_path: Path) -> None:
