@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 import grpc
 import oxia
@@ -150,11 +150,13 @@ def start_cli(
     *args: str,
     stdout: int | IO[Any] = subprocess.PIPE,
     stderr: int | IO[Any] = subprocess.STDOUT,
+    place: Place | None = None,
 ) -> subprocess.Popen[str]:
     """Starts `quorumstore <args>` with text output, in a session of its own: a Ctrl-C of
-    pytest does not reach it, the test's teardown stops it."""
+    pytest does not reach it, the test's teardown stops it. `place` runs it on another
+    host (a network namespace) instead of this one."""
     return subprocess.Popen(
-        _command(args),
+        _command(args) if place is None else place.command(_command(args)),
         stdout=stdout,
         stderr=stderr,
         stdin=subprocess.DEVNULL,
@@ -170,13 +172,22 @@ def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[
     )
 
 
+class Place(Protocol):
+    """Another host to run a process on (`tests/multihost/netns.py`'s `Host`)."""
+
+    address: str
+
+    def command(self, argv: Sequence[str]) -> list[str]: ...
+
+
 class ManagedProcess:
     """One `quorumstore ...` child; its output appended to `log_path` across restarts."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path):
+    def __init__(self, name: str, argv: list[str], log_path: Path, place: Place | None = None):
         self.name = name
         self.argv = argv
         self.log_path = log_path
+        self.place = place
         self.popen: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
@@ -184,7 +195,7 @@ class ManagedProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== start {time.strftime('%H:%M:%S')} {' '.join(self.argv)}\n".encode())
             log.flush()
-            self.popen = start_cli("--log-level", "INFO", *self.argv, stdout=log)
+            self.popen = start_cli("--log-level", "INFO", *self.argv, stdout=log, place=self.place)
 
     @property
     def pid(self) -> int | None:
@@ -259,10 +270,12 @@ class LocalCluster:
         coordinator_args: Sequence[str] = (),
         public_tls: TlsConfig | None = None,
         internal_tls: TlsConfig | None = None,
+        places: Sequence[Place] = (),
     ):
         """`public_tls` and `internal_tls` are how the harness itself dials the status
         port and the nodes' internal ports, when `node_args` and `coordinator_args` give
-        them TLS."""
+        them TLS. `places`, when given, are the hosts node i (at index i) and the
+        coordinator (last) run on, each at its host's address."""
         self.root = root
         self._public_tls = public_tls
         self._internal_tls = internal_tls
@@ -270,10 +283,11 @@ class LocalCluster:
         self.replication_factor = replication_factor
         self.host = host
         base = free_ports(2 * nodes + 1, host)
-        self.nodes: list[str] = [f"{host}:{base + i}" for i in range(nodes)]
-        self.admin_address = f"{host}:{base + nodes}"
+        hosts = [place.address for place in places] or [host] * (nodes + 1)
+        self.nodes: list[str] = [f"{hosts[i]}:{base + i}" for i in range(nodes)]
+        self.admin_address = f"{hosts[nodes]}:{base + nodes}"
         #: Node address -> its internal address (node control, replication).
-        self.internal = {n: f"{host}:{base + nodes + 1 + i}" for i, n in enumerate(self.nodes)}
+        self.internal = {n: f"{hosts[i]}:{base + nodes + 1 + i}" for i, n in enumerate(self.nodes)}
         self.metadata_path = root / "coordinator" / "metadata.pb"
         (root / "logs").mkdir(parents=True, exist_ok=True)
         self.secret = ClusterSecret.generate()
@@ -287,7 +301,7 @@ class LocalCluster:
             argv = [
                 "node",
                 "--host",
-                host,
+                hosts[i],
                 "--port",
                 port,
                 "--internal-port",
@@ -299,7 +313,10 @@ class LocalCluster:
                 *node_args,
             ]
             self._processes[address] = ManagedProcess(
-                f"node{i}", argv, root / "logs" / f"node{i}-{port}.log"
+                f"node{i}",
+                argv,
+                root / "logs" / f"node{i}-{port}.log",
+                places[i] if places else None,
             )
         self.coordinator = ManagedProcess(
             "coordinator",
@@ -317,12 +334,13 @@ class LocalCluster:
                 "--metadata",
                 str(self.metadata_path),
                 "--host",
-                host,
+                hosts[nodes],
                 "--admin-port",
                 self.admin_address.rpartition(":")[2],
                 *coordinator_args,
             ],
             root / "logs" / "coordinator.log",
+            places[nodes] if places else None,
         )
         self._channels: dict[str, grpc.Channel] = {}
         self._hash_ranges: list[HashRange] = []

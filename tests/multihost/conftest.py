@@ -38,6 +38,13 @@ def hosts() -> Iterator[Hosts]:
         yield made
 
 
+@pytest.fixture(scope="module")
+def four_hosts() -> Iterator[Hosts]:
+    """Four hosts for a module: three for nodes and a fourth for their coordinator."""
+    with Hosts(4) as made:
+        yield made
+
+
 @pytest.fixture
 def healed(hosts: Hosts, request: pytest.FixtureRequest) -> Iterator[Hosts]:
     """The module's hosts, with every fault a test injected undone after it."""

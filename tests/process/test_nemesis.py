@@ -4,17 +4,9 @@ the history must be linearizable, complete and exactly-once.
 A 3-node, 2-shard cluster (replication factor 3) runs a seeded schedule that picks,
 every 0.5-2 s, a node or the coordinator and either pauses it (SIGSTOP for 0.2-2.5 s:
 it wakes up in a world that moved on) or kills it -9 and restarts it. Meanwhile,
-recorded through `quorumstore.verification.recorder`:
-
-- register workers, on quorumstore's `Client` and on the official `oxia` client, run
-  get / put / conditional put / delete / range scan on a few keys;
-- set workers put unique keys through quorumstore's `Client` (exactly-once serials,
-  retries on leader change).
-
-Afterwards a final scan reads everything back, and the history is checked for
-per-key linearizability, set completeness and exactly-once (see
-docs/verification.md). A failing history is saved as JSONL in QS_NEMESIS_HISTORY_DIR
-(default: the test's temporary directory); the path is printed.
+the workload of `tests/campaign.py` runs: recorded clients, then the history checked
+for per-key linearizability, set completeness and exactly-once (see
+docs/verification.md).
 
     QS_NEMESIS_SEED=7 QS_NEMESIS_SECONDS=120 pytest tests/process/test_nemesis.py
 
@@ -24,111 +16,22 @@ choices, not the timing). Without QS_NEMESIS_SEED the seed is random and printed
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from cluster_harness import LocalCluster, close_in_background
-from quorumstore import Client
-from quorumstore.testing import official_oxia_client
-from quorumstore.verification import completeness, linearizability
-from quorumstore.verification.history import (
-    KEY_NOT_FOUND,
-    MUST_NOT_EXIST,
-    UNEXPECTED_VERSION_ID,
-    Record,
-    Status,
-    operations,
-)
-from quorumstore.verification.recorder import OfficialClient, OurClient, Recorder
+from campaign import run_campaign
+from cluster_harness import LocalCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 SEED = int(os.environ.get("QS_NEMESIS_SEED") or random.randrange(1_000_000))
 SECONDS = float(os.environ.get("QS_NEMESIS_SECONDS", "20"))
-#: Register keys per shard (both clients route them to that shard; see _register_keys).
-REGISTER_KEYS_PER_SHARD = 3
-OUR_REGISTER_WORKERS = 3
-OFFICIAL_REGISTER_WORKERS = 2
-SET_WORKERS = 6
-#: How long our client retries an operation across leader changes before giving up.
-REQUEST_TIMEOUT_S = 30.0
-#: How long a worker may still take to finish its last operation after the faults end.
-FINISH_TIMEOUT_S = 60.0
-#: Model states the checker may visit per key before calling it inconclusive.
-MAX_STATES = 500_000
-
-
-def _register_keys(ours: Client, official: Any, shards: int) -> list[str]:
-    """Keys that both clients route to the same shard, REGISTER_KEYS_PER_SHARD per shard.
-
-    The official client 0.2.1 hashes keys with XXH64 where Oxia's servers and its other
-    clients use XXH3 (see quorumstore/client/routing.py): on about half the keys of a
-    2-shard cluster it writes and reads another shard than every other client, so the
-    two see two registers under one key (the first run of this campaign showed it as
-    deletes answering existed=False and two records created under one key). The
-    campaign shares only the keys on which they agree.
-    """
-    per_shard: dict[int, list[str]] = defaultdict(list)
-    for i in itertools.count():
-        key = f"/reg/{i}"
-        shard = ours.shard_for(key)
-        if shard == official._service_discovery.get_shard(key).shard:  # its own routing
-            per_shard[shard].append(key)
-        if all(len(per_shard[s]) >= REGISTER_KEYS_PER_SHARD for s in range(shards)):
-            return sorted(k for keys in per_shard.values() for k in keys[:REGISTER_KEYS_PER_SHARD])
-    raise AssertionError("unreachable: itertools.count() does not end")
-
-
-def _register_worker(
-    client: OurClient | OfficialClient, keys: list[str], rnd: random.Random, stop: threading.Event
-) -> None:
-    """Random operations on the register keys; conditional puts expect the version
-    this worker saw last."""
-    seen: dict[str, int] = {}
-    n = 0
-    while not stop.is_set():
-        key = rnd.choice(keys)
-        roll = rnd.random()
-        if roll < 0.3:
-            done = client.get(key)
-        elif roll < 0.5:
-            done = client.put(key, f"{client.process}:{n}")
-        elif roll < 0.7:
-            done = client.put(key, f"{client.process}:{n}", seen.get(key, MUST_NOT_EXIST))
-        elif roll < 0.8:
-            done = client.delete(key)
-        else:
-            done = client.range_scan("/reg/", "/reg/~")
-        if done.status == Status.OK:
-            version = done.record.version if done.record is not None else done.version
-            if version is not None:
-                seen[key] = version.version_id
-            elif done.existed is not None:
-                seen[key] = MUST_NOT_EXIST
-        elif done.error == KEY_NOT_FOUND:
-            seen[key] = MUST_NOT_EXIST
-        elif (
-            done.error != UNEXPECTED_VERSION_ID
-        ):  # unavailable or refused: back off, as an application would
-            stop.wait(rnd.uniform(0.05, 0.3))
-        n += 1
-        time.sleep(rnd.uniform(0, 0.01))
-
-
-def _set_worker(client: OurClient, stop: threading.Event) -> None:
-    n = 0
-    while not stop.is_set():
-        client.put(f"/set/{client.process:03d}/{n:07d}", f"{SEED}:{client.process}:{n}")
-        n += 1
 
 
 def _nemesis(
@@ -161,90 +64,10 @@ def _nemesis(
             cluster.restart(victim)
 
 
-def _final_state(address: str, recorder: Recorder) -> dict[str, Record]:
-    """Every record, with its version, read (and recorded) once the faults have ended."""
-    with Client(address, request_timeout_s=REQUEST_TIMEOUT_S) as client:
-        done = OurClient(recorder, 0, client).range_scan("", "")
-    assert done.status == Status.OK and done.records is not None, f"final scan: {done}"
-    return {r.key: r for r in done.records}
-
-
 @pytest.mark.timeout(420)
 def test_histories_under_pauses_and_kills_are_linearizable_and_complete(
     make_cluster: Callable[..., LocalCluster], measure: Callable[[str], None], tmp_path: Path
 ) -> None:
     print(f"nemesis seed {SEED} (replay: QS_NEMESIS_SEED={SEED})")
     cluster = make_cluster(nodes=3, shards=2, replication_factor=3)
-    rnd = random.Random(SEED)
-    recorder = Recorder()
-    stop = threading.Event()
-    faults: list[str] = []
-    ours = Client(",".join(cluster.nodes), request_timeout_s=REQUEST_TIMEOUT_S)
-    official = [
-        official_oxia_client(cluster.nodes[i % len(cluster.nodes)])
-        for i in range(OFFICIAL_REGISTER_WORKERS)
-    ]
-    keys = _register_keys(ours, official[0], cluster.shards)
-    print(f"register keys: {', '.join(keys)}")
-    workers: list[threading.Thread] = []
-    process = 1
-    for _ in range(OUR_REGISTER_WORKERS):
-        client: OurClient | OfficialClient = OurClient(recorder, process, ours)
-        args = (client, keys, random.Random(rnd.random()), stop)
-        workers.append(threading.Thread(target=_register_worker, args=args, daemon=True))
-        process += 1
-    for oxia_client in official:
-        client = OfficialClient(recorder, process, oxia_client)
-        args = (client, keys, random.Random(rnd.random()), stop)
-        workers.append(threading.Thread(target=_register_worker, args=args, daemon=True))
-        process += 1
-    for _ in range(SET_WORKERS):
-        set_client = OurClient(recorder, process, ours)
-        workers.append(threading.Thread(target=_set_worker, args=(set_client, stop), daemon=True))
-        process += 1
-    nemesis = threading.Thread(target=_nemesis, args=(cluster, random.Random(SEED), stop, faults))
-    started = time.monotonic()
-    try:
-        for worker in [*workers, nemesis]:
-            worker.start()
-        time.sleep(SECONDS)
-    finally:
-        stop.set()
-        nemesis.join()  # ends with everything resumed or restarted
-        deadline = time.monotonic() + FINISH_TIMEOUT_S
-        for worker in workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
-        ours.close()
-        for oxia_client in official:
-            close_in_background(oxia_client)
-    stuck = sum(worker.is_alive() for worker in workers)  # their last operation stays open
-    cluster.wait_online()
-    final = _final_state(cluster.nodes[0], recorder)
-    events = recorder.events
-
-    checked = time.monotonic()
-    linear = linearizability.check(events, MAX_STATES)
-    complete = completeness.check(events, final)
-    check_s = time.monotonic() - checked
-    ops = operations(events)
-    statuses = {s: sum(op.status == s for op in ops) for s in Status}
-    summary = (
-        f"nemesis seed {SEED}: {len(faults)} pauses/kills in {SECONDS:g} s "
-        f"({'; '.join(faults)}); {len(ops)} operations ({statuses[Status.OK]} ok, "
-        f"{statuses[Status.FAIL]} fail, {statuses[Status.INFO]} info, {stuck} still open) "
-        f"from {len(workers)} workers; checked in {check_s:.1f} s\n"
-        f"linearizability: {linear.report()}\ncompleteness: {complete.report()}"
-    )
-    print(summary)
-    if not (linear.linearizable and complete.ok):
-        path = Path(os.environ.get("QS_NEMESIS_HISTORY_DIR") or tmp_path)
-        path = path / f"nemesis-history-seed{SEED}.jsonl"
-        recorder.dump(path)
-        summary += f"\nhistory saved to {path}"
-    assert linear.linearizable, summary
-    assert complete.ok, summary
-    assert statuses[Status.OK] > 100, summary
-    measure(
-        f"nemesis seed {SEED}: {len(faults)} pauses/kills in {SECONDS:g} s, {len(ops)} "
-        f"operations linearizable and complete ({time.monotonic() - started:.0f} s in all)"
-    )
+    measure(run_campaign(cluster, _nemesis, SEED, SECONDS, tmp_path))
