@@ -26,6 +26,8 @@ from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.testing import official_oxia_client
 from quorumstore.wire.auth import ClusterSecret
+from quorumstore.wire.certificates import CertificateAuthority
+from quorumstore.wire.membership import Membership
 
 NAMES = ["node0", "node1", "node2"]
 
@@ -225,3 +227,42 @@ def test_a_node_the_coordinator_cannot_reach_is_named_within_seconds(
     message = next(r.getMessage() for r in caplog.records if "node2" in r.getMessage())
     for part in ("client address 127.0.0.1:9", "internal address 127.0.0.1:10", "firewall"):
         assert part in message, message
+
+
+def test_a_members_certificate_registers_its_own_node_only(tmp_path: Path) -> None:
+    """With mutual TLS, the certificate the driver made for node0 cannot move node1."""
+
+    async def scenario() -> None:
+        ca = CertificateAuthority.create()
+        coordinator = CoordinatorServer(
+            CoordinatorServerConfig(
+                nodes=NAMES,
+                metadata_url=str(tmp_path / "metadata.pb"),
+                internal_addresses={},
+                internal_tls=ca.internal_tls("coordinator"),
+                registry_port=0,
+            )
+        )
+        registry = await coordinator.open_registry()
+        assert registry is not None
+        try:
+            async with Membership(None, ca.internal_tls("node0")).channel(registry) as channel:
+                stub = pb_grpc.CoordinatorRegistryStub(channel)
+
+                def request(name: str) -> pb.RegisterRequest:
+                    return pb.RegisterRequest(
+                        node_name=name,
+                        client_address="127.0.0.1:9",
+                        internal_address="127.0.0.1:10",
+                    )
+
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Register(request("node1"), timeout=5)
+                assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+                assert "node1" not in coordinator.addresses.client
+                await stub.Register(request("node0"), timeout=5)
+                assert coordinator.addresses.client["node0"] == "127.0.0.1:9"
+        finally:
+            await coordinator.stop()
+
+    asyncio.run(scenario())

@@ -683,10 +683,16 @@ class _Registry(pb_grpc.CoordinatorRegistryServicer):
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterResponse:
         nodes = self.server.config.nodes
+        certified = _certified_name(context)
         if request.node_name not in nodes:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"{request.node_name[:100]!r} is not a node of this cluster ({', '.join(nodes)})",
+            )
+        elif certified in nodes and certified != request.node_name:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the certificate of {certified} cannot register {request.node_name[:100]!r}",
             )
         elif not (is_host_port(request.client_address) and is_host_port(request.internal_address)):
             await context.abort(
@@ -699,6 +705,15 @@ class _Registry(pb_grpc.CoordinatorRegistryServicer):
                 request.node_name, request.client_address, request.internal_address
             )
         return pb.RegisterResponse()
+
+
+def _certified_name(context: grpc.aio.ServicerContext) -> str | None:
+    """The common name of the caller's certificate (mutual TLS), if it presented one. A
+    member whose certificate names a node may register that node only, so one member's
+    certificate cannot redirect another's traffic; certificates shared by every member
+    (a common name that is no node's) register any."""
+    names = context.auth_context().get("x509_common_name") or []
+    return names[0].decode() if names else None
 
 
 class _Admin(pb_grpc.CoordinatorAdminServicer):
