@@ -47,9 +47,12 @@ run_tier integration run_pytest tests/integration
 run_tier "fresh install" bash scripts/fresh-install.sh
 run_tier simulation run_pytest tests/simulation
 run_tier process run_pytest tests/process
-run_tier multihost run_pytest tests/multihost
-# Each Spark module runs in its own pytest process, so each gets a fresh JVM: the
-# state-store provider's jar reaches the driver's class path only when its JVM starts.
+# Each module that starts Spark runs in its own pytest process, so each gets a fresh
+# JVM: the state-store provider's jar reaches the driver's class path only when its JVM
+# starts.
+for module in tests/multihost/test_*.py; do
+  run_tier "multihost $(basename "$module" .py)" run_pytest "$module"
+done
 for module in tests/spark/test_*.py; do
   run_tier "spark $(basename "$module" .py)" run_pytest "$module"
 done

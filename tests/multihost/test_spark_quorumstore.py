@@ -39,6 +39,10 @@ from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS
 pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+#: The nodes' failure timeout: long enough that the load of three Spark workers and the
+#: driver on two cores does not look like a dead leader (a leader change fails a
+#: DataFrame write's commit, which Spark does not retry).
+FAILURE_TIMEOUT_S = 2.0
 #: How long a host's loss may take to heal: Spark notices the executor is gone, the node
 #: job runs again on another host, and the new replicas catch up.
 HEAL_TIMEOUT_S = 240.0
@@ -182,7 +186,12 @@ def test_nodes_on_several_hosts_serve_puts_dataframes_and_streaming(
 ) -> None:
     spark = _session(spark_cluster)
     cluster = quorumstore.spark.start(
-        spark, nodes=3, shards=4, replication_factor=3, metadata_url=str(tmp_path / "meta.pb")
+        spark,
+        nodes=3,
+        shards=4,
+        replication_factor=3,
+        metadata_url=str(tmp_path / "meta.pb"),
+        failure_timeout_s=FAILURE_TIMEOUT_S,
     )
     try:
         # One node per host: Spark is asked for a host of its own for each.
@@ -224,6 +233,7 @@ def test_the_application_started_again_finds_all_its_data(
         "replication_factor": 3,
         "metadata_url": str(tmp_path / "meta.pb"),
         "cluster_name": "restarted",
+        "failure_timeout_s": FAILURE_TIMEOUT_S,
     }
     cluster = quorumstore.spark.start(spark, **settings)
     keys = [f"/kept/{i:04d}" for i in range(300)]
@@ -260,6 +270,7 @@ def test_a_host_killed_and_wiped_loses_no_write_and_the_query_goes_on(
         placement=placement,
         metadata_url=str(tmp_path / "meta.pb"),
         cluster_name=f"wiped-{placement}",
+        failure_timeout_s=FAILURE_TIMEOUT_S,
     )
     events = tmp_path / "events"
     events.mkdir()
