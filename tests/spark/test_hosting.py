@@ -136,18 +136,21 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
         assert HostingConfig.resolve({"spark.quorumstore.kvMemory": text}).kv_memory_bytes == size
 
 
+HOST = "127.0.0.1"
+
+
 def test_the_failure_timeout_reaches_the_coordinator_in_ticks() -> None:
     """Spark's duration forms; the coordinator counts whole ticks of 100 ms, rounding up."""
     secret, ca = ClusterSecret.generate(), CertificateAuthority.create()
-    assert coordinator_config(HostingConfig.resolve({}), secret, ca).node_failure_ticks == 5
+    assert coordinator_config(HostingConfig.resolve({}), HOST, secret, ca).node_failure_ticks == 5
     durations = {"2s": 20, "750ms": 8, "3": 30, " 0.25S ": 3}
     for text, ticks in durations.items():
         config = HostingConfig.resolve({"spark.quorumstore.failureTimeout": text})
-        assert coordinator_config(config, secret, ca).node_failure_ticks == ticks, text
+        assert coordinator_config(config, HOST, secret, ca).node_failure_ticks == ticks, text
     overridden = HostingConfig.resolve(
         {"spark.quorumstore.failureTimeout": "2s"}, failure_timeout_s=1
     )
-    assert coordinator_config(overridden, secret, ca).failure_timeout_ms == 1000
+    assert coordinator_config(overridden, HOST, secret, ca).failure_timeout_ms == 1000
 
 
 @pytest.mark.parametrize(
