@@ -89,7 +89,7 @@ def partition_nemesis(hosts: Hosts) -> Nemesis:
     return nemesis
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(SECONDS + 300)
 def test_histories_under_partitions_delays_and_isolation_are_linearizable_and_complete(
     four_hosts: Hosts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -64,7 +64,7 @@ def _nemesis(
             cluster.restart(victim)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(SECONDS + 400)
 def test_histories_under_pauses_and_kills_are_linearizable_and_complete(
     make_cluster: Callable[..., LocalCluster], measure: Callable[[str], None], tmp_path: Path
 ) -> None:
