@@ -51,6 +51,7 @@ from pathlib import Path
 
 from quorumstore import AsyncClient
 from quorumstore.spark import HostedCluster
+from quorumstore.wire.addresses import host_of
 
 #: Every failover write carries this partition key, so all go to the one shard whose
 #: leader is killed (writes to other shards would succeed at once in the independent
@@ -309,11 +310,11 @@ async def host_trial(
         load.start()
         await asyncio.sleep(WARMUP_S)
         leader = cluster.status().leaders[shard]
-        host = leader.rpartition(":")[0]
+        host = host_of(leader)
         nodes = tuple(
             name
             for name, address in zip(cluster.config.node_names, cluster.addresses, strict=True)
-            if address.rpartition(":")[0] == host
+            if host_of(address) == host
         )
         killed_at = time.monotonic()  # kill_host returns once every process is gone
         await asyncio.to_thread(kill_host, host)

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from netns import Host, Hosts
@@ -64,6 +65,20 @@ def _session(spark_cluster: SparkCluster) -> SparkSession:
         "spark.task.maxFailures": "8",
     }
     return spark_cluster.session(**confs)
+
+
+def _start(spark: SparkSession, tmp_path: Path, **settings: Any) -> quorumstore.spark.HostedCluster:
+    """The cluster every test starts: 3 nodes, 4 shards, replication factor 3, with no
+    host, port or data setting; `settings` add to it."""
+    return quorumstore.spark.start(
+        spark,
+        nodes=3,
+        shards=4,
+        replication_factor=3,
+        metadata_url=str(tmp_path / "meta.pb"),
+        failure_timeout_s=FAILURE_TIMEOUT_S,
+        **settings,
+    )
 
 
 def _host_of(address: str) -> str:
@@ -185,14 +200,7 @@ def test_nodes_on_several_hosts_serve_puts_dataframes_and_streaming(
     spark_cluster: SparkCluster, hosts: Hosts, tmp_path: Path
 ) -> None:
     spark = _session(spark_cluster)
-    cluster = quorumstore.spark.start(
-        spark,
-        nodes=3,
-        shards=4,
-        replication_factor=3,
-        metadata_url=str(tmp_path / "meta.pb"),
-        failure_timeout_s=FAILURE_TIMEOUT_S,
-    )
+    cluster = _start(spark, tmp_path)
     try:
         # One node per host: Spark is asked for a host of its own for each.
         on = {_host_of(a) for a in cluster.addresses}
@@ -227,15 +235,7 @@ def test_the_application_started_again_finds_all_its_data(
     spark_cluster: SparkCluster, tmp_path: Path
 ) -> None:
     spark = _session(spark_cluster)
-    settings = {
-        "nodes": 3,
-        "shards": 4,
-        "replication_factor": 3,
-        "metadata_url": str(tmp_path / "meta.pb"),
-        "cluster_name": "restarted",
-        "failure_timeout_s": FAILURE_TIMEOUT_S,
-    }
-    cluster = quorumstore.spark.start(spark, **settings)
+    cluster = _start(spark, tmp_path, cluster_name="restarted")
     keys = [f"/kept/{i:04d}" for i in range(300)]
     with cluster.client() as client:
         for key in keys:
@@ -245,7 +245,7 @@ def test_the_application_started_again_finds_all_its_data(
     spark.stop()
 
     spark = _session(spark_cluster)
-    cluster = quorumstore.spark.start(spark, **settings)
+    cluster = _start(spark, tmp_path, cluster_name="restarted")
     try:
         assert [_host_of(a) for a in cluster.addresses] == [_host_of(a) for a in first]
         assert _missing(cluster, keys) == []
@@ -262,16 +262,7 @@ def test_a_host_killed_and_wiped_loses_no_write_and_the_query_goes_on(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     spark = _session(spark_cluster)
-    cluster = quorumstore.spark.start(
-        spark,
-        nodes=3,
-        shards=4,
-        replication_factor=3,
-        placement=placement,
-        metadata_url=str(tmp_path / "meta.pb"),
-        cluster_name=f"wiped-{placement}",
-        failure_timeout_s=FAILURE_TIMEOUT_S,
-    )
+    cluster = _start(spark, tmp_path, placement=placement, cluster_name=f"wiped-{placement}")
     events = tmp_path / "events"
     events.mkdir()
     query, latest = _start_counting(

@@ -61,7 +61,7 @@ from quorumstore.protocol.messages import (
     StatusRequest,
 )
 from quorumstore.wire import replication as wire
-from quorumstore.wire.addresses import host_port, is_host_port
+from quorumstore.wire.addresses import host_of, host_port, is_host_port
 from quorumstore.wire.auth import COORDINATOR_METADATA_KEY, ClusterSecret, is_loopback
 from quorumstore.wire.channels import SERVER_OPTIONS, listen
 from quorumstore.wire.membership import Membership
@@ -463,10 +463,10 @@ class CoordinatorServer:
         """Says which shards have several replicas on one host: losing that host loses
         those replicas together, and with them the shard's majority."""
         assert self.engine is not None
-        host_of = {n: a.rpartition(":")[0] for n, a in self.addresses.client.items()}
+        hosts_of = {n: host_of(a) for n, a in self.addresses.client.items()}
         shared = []
         for (namespace, index), shard in sorted(self.engine.metadata.shards.items()):
-            hosts = Counter(host_of[n] for n in shard.ensemble if n in host_of)
+            hosts = Counter(hosts_of[n] for n in shard.ensemble if n in hosts_of)
             together = [h for h, count in hosts.items() if count > 1 and not is_loopback(h)]
             if together:
                 shared.append(f"{namespace}/{index} on {', '.join(together)}")

@@ -240,9 +240,10 @@ class ShardHost:
         """Replicates one write batch; resolves once it is committed and applied."""
         if self._closed:
             raise NotLeaderError(self.shard, Role.NOT_MEMBER, self.replica.term, None)
-        if not self.is_leader():
-            raise self._not_leader()
-        offset = self.replica.propose(payload)
+        try:
+            offset = self.replica.propose(payload)
+        except NotLeaderError:
+            raise self._not_leader() from None  # its hint names a client address
         future: asyncio.Future[EntryResult] = asyncio.get_running_loop().create_future()
         self._pending[offset] = future
         self._pending_term = self.replica.term

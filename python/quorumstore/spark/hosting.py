@@ -48,6 +48,7 @@ from quorumstore.spark.node_jobs import (
 )
 from quorumstore.spark.slots import check_free_slots
 from quorumstore.storage.durable_files import replace_durably
+from quorumstore.wire.addresses import host_of
 from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.certificates import CertificateAuthority
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
@@ -144,9 +145,13 @@ class HostedCluster:
         """Every node's client address now (``host:port``), node ``i`` first at index
         ``i``; a node that moved to another host has a new one."""
         if self._coordinator.running:
-            book = self._coordinator.call(lambda server: dict(server.addresses.client))
+            book = self._address_book()
             self._addresses = [book[name] for name in self.config.node_names if name in book]
         return list(self._addresses)
+
+    def _address_book(self) -> dict[str, str]:
+        """Node name -> its client address, as the coordinator knows it now."""
+        return self._coordinator.call(lambda server: dict(server.addresses.client))
 
     @property
     def address(self) -> str:
@@ -352,10 +357,10 @@ class HostedCluster:
             except (OSError, ValueError, AttributeError) as e:
                 log.warning("ignoring %s: %s", path, e)
         if self._coordinator.running:
-            book = self._coordinator.call(lambda server: dict(server.addresses.client))
+            book = self._address_book()
             for i, name in enumerate(self.config.node_names):
                 if name in book:
-                    hosts[i] = book[name].rpartition(":")[0].strip("[]")
+                    hosts[i] = host_of(book[name])
         live = executor_hosts(self._sc)
         if live:  # a host without an executor would hold up the others' placement
             hosts = {i: h for i, h in hosts.items() if h in live}

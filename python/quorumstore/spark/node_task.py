@@ -60,6 +60,7 @@ from quorumstore.node.data_format import DataFormatError
 from quorumstore.node.limits import RequestLimits
 from quorumstore.node.node import Node, NodeConfig
 from quorumstore.spark.config import node_path
+from quorumstore.wire.addresses import host_of
 from quorumstore.wire.auth import ClusterSecret
 from quorumstore.wire.channels import probe_port
 from quorumstore.wire.tls import TlsConfig
@@ -111,7 +112,7 @@ class NodeTaskSpec:
         """The address node tasks on this host bind and advertise."""
         if self.host is not None:
             return self.host
-        return routed_address(self.coordinator.rpartition(":")[0].strip("[]"))
+        return routed_address(host_of(self.coordinator))
 
     def pid_file(self, index: int) -> Path:
         return node_path(self.data_root(), index, ".pid")
@@ -325,7 +326,7 @@ def _gather_addresses(index: int, address: str) -> None:
     me = json.dumps({"address": address, "machine": socket.gethostname(), "pid": os.getpid()})
     peers = [json.loads(m) for m in BarrierTaskContext.get().allGather(me)]
     machines = sorted({p["machine"] for p in peers})
-    hosts = {p["address"].rpartition(":")[0].strip("[]") for p in peers}
+    hosts = {host_of(p["address"]) for p in peers}
     loopback = [h for h in hosts if ipaddress.ip_address(socket.gethostbyname(h)).is_loopback]
     if len(machines) > 1 and loopback:
         raise NodeConfigError(

@@ -9,6 +9,11 @@ def host_port(host: str, port: int) -> str:
     return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
 
 
+def host_of(address: str) -> str:
+    """The host of `host:port`, an IPv6 literal without its brackets."""
+    return address.rpartition(":")[0].strip("[]")
+
+
 def is_host_port(address: str) -> bool:
     """Whether `address` is `host:port` with a port gRPC can dial."""
     host, sep, port = address.rpartition(":")
