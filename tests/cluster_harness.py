@@ -41,6 +41,8 @@ import oxia
 import oxia.ex
 import xxhash
 
+from quorumstore.proto import quorumstore_data_pb2 as data_pb
+from quorumstore.proto import quorumstore_data_pb2_grpc as data_grpc
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.testing import official_oxia_client
@@ -508,6 +510,14 @@ class LocalCluster:
             timeout=_RPC_TIMEOUT_S,
             metadata=self.secret.metadata,
         )
+
+    def listed_leader(self, node: str, shard: int) -> str | None:
+        """The shard's leader in the node's own map (ListShards on its client port)."""
+        stub = data_grpc.QuorumstoreDataStub(self._channel(node))
+        listed = stub.ListShards(
+            data_pb.ListShardsRequest(namespace=NAMESPACE), timeout=_RPC_TIMEOUT_S
+        )
+        return next((s.leader or None for s in listed.shards if s.shard == shard), None)
 
     def _wait_node_serving(self, node: str) -> None:
         process = self._processes[node]

@@ -224,7 +224,9 @@ def test_a_node_the_coordinator_cannot_reach_is_named_within_seconds(
     with caplog.at_level(logging.ERROR, logger=coordinator_server.__name__):
         took = asyncio.run(scenario())
     assert took < coordinator_server.UNREACHABLE_WARNING_S + 5
-    message = next(r.getMessage() for r in caplog.records if "node2" in r.getMessage())
+    message = next(
+        r.getMessage() for r in caplog.records if "cannot reach node node2" in r.getMessage()
+    )
     for part in ("client address 127.0.0.1:9", "internal address 127.0.0.1:10", "firewall"):
         assert part in message, message
 

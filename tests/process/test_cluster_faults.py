@@ -155,6 +155,39 @@ def test_a_leader_paused_for_less_than_the_failure_timeout_keeps_its_shard(
     assert replaced_after_s >= 2.8, f"replaced {replaced_after_s:.2f} s after the pause"
 
 
+@pytest.mark.timeout(120)
+def test_a_paused_node_does_not_hold_back_the_others_news_of_new_leaders(
+    make_cluster: MakeCluster,
+) -> None:
+    """A shard's leader, not the last node the coordinator pushes assignments to (it
+    pushes in the nodes' order), is paused. The new leader must reach every other node's
+    map soon after its election, not after the paused node's push timed out (5 s):
+    clients that follow a map from those nodes, and the calls they relay, wait until
+    then."""
+    cluster = make_cluster(nodes=3, shards=3, replication_factor=3)
+    shard, paused = next(
+        (s, leader)
+        for s in range(cluster.shards)
+        if (leader := cluster.leader_of(s)) not in (None, cluster.nodes[-1])
+    )
+    term = cluster.shard_metadata(shard).term
+    cluster.pause(paused)
+    try:
+        new_leader, _ = cluster.wait_new_leader(shard, not_on=paused, after_term=term)
+        elected_at = time.monotonic()
+        for node in cluster.nodes:
+            if node != paused:
+                poll_until(
+                    lambda node=node: cluster.listed_leader(node, shard) == new_leader or None,
+                    10,
+                    f"{node}'s map to name {new_leader} for shard {shard}",
+                )
+        known_after_s = time.monotonic() - elected_at
+    finally:
+        cluster.resume(paused)
+    assert known_after_s < 2.0, f"the other nodes knew the new leader {known_after_s:.2f} s later"
+
+
 # ------------------------------------------------------------------ leader storage failure
 
 

@@ -9,6 +9,17 @@ before their first row arrives, change reads from the last row received, and wri
 that carry an exactly-once serial. It blocks, unlike `AsyncClient`: Spark tasks and
 the driver call it from plain threads.
 
+A node that is paused, or cut off from the rest of the cluster while this client still
+reaches it, may hold a call for as long as the fault lasts. So each call is watched:
+one on a shard's leader that runs longer than `LEADER_CHECK_S` has the other nodes
+asked for the shard's leader, and is given up once they name one elected in a later
+term; one that any replica may serve, once it has had no answer for
+`REPLICA_ANSWER_S`, is given up when, at two checks in a row, its node does not list
+the shards in time while another node does, or lists the shard in an earlier term
+than another node does. A call given up is retried like a transient failure (its channel is
+closed, which cancels it), and the routing table is read from every node, each shard's
+entry taken from the node that knows the latest term.
+
 Example::
 
     with DataClient("127.0.0.1:6648") as client:
@@ -21,11 +32,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import grpc
 import numpy as np
@@ -37,7 +51,7 @@ from quorumstore.client.retry import Backoff, Transient, classify
 from quorumstore.client.routing import ShardAssignment, ShardMap
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
-from quorumstore.wire.channels import PEER_CHANNEL_OPTIONS
+from quorumstore.wire.channels import CLIENT_CHANNEL_OPTIONS
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE, ClientSerial
 from quorumstore.wire.schemas import ROWS_SCHEMA
 from quorumstore.wire.tls import TlsConfig, TokenSource, open_channel
@@ -48,6 +62,18 @@ DEFAULT_RETRY_S = 60.0
 _CALL_TIMEOUT_S = 120.0
 #: `retry.Backoff` between rounds of attempts: from 50 ms, doubling up to 1 s.
 _BACKOFF_S = (0.05, 1.0)
+#: How long a call on a shard's leader runs before the other nodes are asked whether a
+#: newer leader was elected, and how often again (see `discovery.LEADER_CHECK_S`).
+LEADER_CHECK_S = 0.3
+LEADER_RECHECK_S = 0.1
+#: How long a call that any replica may serve waits for an answer before it is sent
+#: to another replica.
+REPLICA_ANSWER_S = 0.5
+#: How long a node that held a call stays last in the order replicas are asked in, by
+#: every client of the process (a Spark task's or query's client lives for one call).
+SUSPECT_S = 10.0
+#: Node -> when a watch last gave up a call on it.
+_suspects: dict[str, float] = {}
 
 _T = TypeVar("_T")
 
@@ -77,6 +103,8 @@ class Shard:
     max_hash: int
     leader: str
     followers: tuple[str, ...]
+    #: The term the leader was elected in, as the node that listed it knew.
+    term: int = -1
 
 
 @dataclass(frozen=True)
@@ -107,6 +135,34 @@ def _retryable(error: grpc.RpcError) -> bool:
     )
 
 
+def _first_answers(
+    calls: dict[str, grpc.Future], grace_s: float = 0.1
+) -> tuple[dict[str, Any], dict[str, grpc.RpcError]]:
+    """The answers and failures of calls to several nodes at once, taken in the order
+    they come, until every call ended or `grace_s` after the first answer: a node that
+    a fault holds never answers, and its call is not waited for."""
+    done: queue.SimpleQueue[tuple[str, grpc.Future]] = queue.SimpleQueue()
+    for address, future in calls.items():
+        future.add_done_callback(lambda f, a=address: done.put((a, f)))
+    answers: dict[str, Any] = {}
+    failures: dict[str, grpc.RpcError] = {}
+    grace_ends: float | None = None
+    while len(answers) + len(failures) < len(calls):
+        wait = None if grace_ends is None else max(grace_ends - time.monotonic(), 0.0)
+        try:
+            address, future = done.get(timeout=wait)
+        except queue.Empty:
+            break
+        try:
+            answers[address] = future.result()
+        except grpc.RpcError as e:
+            failures[address] = e
+            continue
+        if grace_ends is None:
+            grace_ends = time.monotonic() + grace_s
+    return answers, failures
+
+
 class DataClient:
     """Routing table, channels and per-shard calls of one namespace.
 
@@ -135,6 +191,8 @@ class DataClient:
         self._shards: list[Shard] | None = None
         #: Routing by key hash over `_shards`; built when first needed after a refresh.
         self._map: ShardMap | None = None
+        #: Nodes whose channel a watch closed to give up a call held by a fault.
+        self._abandoned: set[str] = set()
 
     def __enter__(self) -> Self:
         return self
@@ -150,7 +208,7 @@ class DataClient:
     def _stub(self, address: str) -> pb_grpc.QuorumstoreDataStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = open_channel(address, PEER_CHANNEL_OPTIONS, self._tls, self._token)
+            channel = open_channel(address, CLIENT_CHANNEL_OPTIONS, self._tls, self._token)
             self._channels[address] = channel
         return pb_grpc.QuorumstoreDataStub(channel)
 
@@ -176,33 +234,120 @@ class DataClient:
                 raise DataClientError(f"cannot route the keys of {self.namespace!r}: {e}") from None
         return self._map
 
-    def _list_shards(self) -> list[Shard]:
+    def _nodes(self) -> list[str]:
+        """Every node known: the bootstrap addresses, then the shards' replicas."""
         known = {a for s in self._shards or () for a in (s.leader, *s.followers) if a}
-        errors = []
-        for address in [*self.bootstrap, *sorted(known - set(self.bootstrap))]:
-            try:
-                response = self._stub(address).ListShards(
-                    pb.ListShardsRequest(namespace=self.namespace), timeout=5.0
-                )
-            except grpc.RpcError as e:
-                if not isinstance(classify(e), Transient):
-                    raise DataClientError(f"{address}: {_describe(e)}", e.code()) from None
-                errors.append(f"{address}: {_describe(e)}")
-                continue
-            return sorted(
-                (
-                    Shard(
-                        s.shard,
-                        s.min_hash_inclusive,
-                        s.max_hash_inclusive,
-                        s.leader,
-                        tuple(s.followers),
-                    )
-                    for s in response.shards
-                ),
-                key=lambda s: s.shard,
+        return [*self.bootstrap, *sorted(known - set(self.bootstrap))]
+
+    def _list_shards(self) -> list[Shard]:
+        """The routing table, asked of every node at once: each shard as the node that
+        knows its latest term lists it (a deposed leader cut off from the cluster still
+        lists itself)."""
+        request = pb.ListShardsRequest(namespace=self.namespace)
+        answers, failures = _first_answers(
+            {a: self._stub(a).ListShards.future(request, timeout=5.0) for a in self._nodes()}
+        )
+        for address, e in failures.items():
+            if not isinstance(classify(e), Transient):
+                raise DataClientError(f"{address}: {_describe(e)}", e.code()) from None
+        if not answers:
+            raise _Retry("; ".join(f"{a}: {_describe(e)}" for a, e in failures.items()))
+        latest: dict[int, pb.ShardInfo] = {}
+        for answer in answers.values():
+            for info in answer.shards:
+                if info.shard not in latest or info.term > latest[info.shard].term:
+                    latest[info.shard] = info
+        return [
+            Shard(
+                s.shard,
+                s.min_hash_inclusive,
+                s.max_hash_inclusive,
+                s.leader,
+                tuple(s.followers),
+                s.term,
             )
-        raise _Retry("; ".join(errors))
+            for _, s in sorted(latest.items())
+        ]
+
+    def _held(
+        self, shard: Shard, address: str, on_leader: bool, channels: dict[str, grpc.Channel]
+    ) -> bool:
+        """Whether a fault holds a call to `address` on `shard`, as the nodes' routing
+        tables tell (`channels`: the watch's own, by address, opened here as needed). A
+        call on the leader is held once another node lists a leader of a later term. A
+        call any replica may serve is held once `address` does not list the shards in
+        time (paused, unreachable) or lists it in an earlier term than another node
+        (cut off from the cluster's news); a replica that answers and keeps up is only
+        slow (a large first answer), and is waited for."""
+        request = pb.ListShardsRequest(namespace=self.namespace)
+        futures: dict[str, grpc.Future] = {}
+        for node in self._nodes():
+            if node != address or not on_leader:
+                if node not in channels:
+                    channels[node] = open_channel(
+                        node, CLIENT_CHANNEL_OPTIONS, self._tls, self._token
+                    )
+                stub = pb_grpc.QuorumstoreDataStub(channels[node])
+                futures[node] = stub.ListShards.future(request, timeout=LEADER_CHECK_S)
+        terms: dict[str, tuple[int, str]] = {}
+        for node, future in futures.items():
+            try:
+                answer = future.result()
+            except grpc.RpcError:
+                continue
+            for info in answer.shards:
+                if info.shard == shard.shard:
+                    terms[node] = (info.term, info.leader)
+        if on_leader:
+            return any(
+                term > shard.term and leader and leader != address
+                for term, leader in terms.values()
+            )
+        if address not in terms:
+            return bool(terms)  # silent while another node answers (alone: only busy)
+        own_term = terms.pop(address)[0]
+        return any(term > own_term for term, _ in terms.values())
+
+    @contextlib.contextmanager
+    def _watched(self, shard_id: int, address: str, on_leader: bool) -> Iterator[None]:
+        """Gives up the call made inside on `address` (closes its channel) once a fault
+        holds it (`_held`): see the module docstring."""
+        channel, shard = self._channels[address], self.shard(shard_id)
+        done = threading.Event()
+
+        def watch() -> None:
+            own: dict[str, grpc.Channel] = {}
+            held = 0  # checks in a row that found the call held
+            try:
+                wait = LEADER_CHECK_S if on_leader else REPLICA_ANSWER_S
+                while not done.wait(wait):
+                    wait = LEADER_RECHECK_S
+                    held = held + 1 if self._held(shard, address, on_leader, own) else 0
+                    # A leader's successor is news enough; a silent replica may be busy,
+                    # so it must stay silent for two checks.
+                    if held >= (1 if on_leader else 2):
+                        _suspects[address] = time.monotonic()
+                        self._abandoned.add(address)
+                        channel.close()
+                        return
+            finally:
+                for other in own.values():
+                    other.close()
+
+        watcher = threading.Thread(target=watch, name=f"quorumstore-watch-{address}", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _forget_abandoned(self, address: str) -> bool:
+        """Whether a watch gave up the call on `address`; if so, drops its closed channel."""
+        if address not in self._abandoned:
+            return False
+        self._abandoned.discard(address)
+        self._channels.pop(address, None)
+        return True
 
     def shard(self, shard_id: int) -> Shard:
         for s in self.shards():
@@ -250,7 +395,9 @@ class DataClient:
         followers = [f for f in s.followers if f]
         random.shuffle(followers)
         leader = [s.leader] if s.leader else []
-        return followers + leader if prefer_follower else leader + followers
+        ordered = followers + leader if prefer_follower else leader + followers
+        now = time.monotonic()
+        return sorted(ordered, key=lambda a: now - _suspects.get(a, -SUSPECT_S) < SUSPECT_S)
 
     def _on_shard(
         self,
@@ -278,9 +425,14 @@ class DataClient:
             )
             errors = []
             for address in [a for a in replicas if a]:
+                stub = self._stub(address)
                 try:
-                    return call(self._stub(address))
+                    with self._watched(shard_id, address, on_leader=not followers):
+                        return call(stub)
                 except grpc.RpcError as e:
+                    if self._forget_abandoned(address):
+                        errors.append(f"{address}: gave up a call a fault held")
+                        continue
                     if not retry or not _retryable(e):
                         raise
                     errors.append(f"{address}: {_describe(e)}")
@@ -531,18 +683,17 @@ class DataClient:
         )
         return response.rows
 
-    def discard(self, write_id: str) -> list[str]:
-        """Drops what is staged under `write_id` on every node; returns the nodes it could not reach."""
+    def discard(self, write_id: str, *, wait_s: float = 0.1) -> list[str]:
+        """Drops what is staged under `write_id` on every node at once; returns the nodes
+        that did not answer within `wait_s` of the first answer (they drop it after their
+        staging TTL). After a publish, which dropped what it published, a node that a
+        fault holds is not waited for; after a failure, give more time."""
         nodes = {a for s in self.shards(refresh=True) for a in (s.leader, *s.followers) if a}
-        unreachable = []
-        for address in sorted(nodes):
-            try:
-                self._stub(address).DiscardStaged(
-                    pb.DiscardStagedRequest(write_id=write_id), timeout=10.0
-                )
-            except grpc.RpcError:
-                unreachable.append(address)
-        return unreachable
+        request = pb.DiscardStagedRequest(write_id=write_id)
+        answers, _ = _first_answers(
+            {a: self._stub(a).DiscardStaged.future(request, timeout=10.0) for a in nodes}, wait_s
+        )
+        return sorted(nodes - set(answers))
 
 
 class _Retry(Exception):

@@ -8,6 +8,13 @@ addresses, every leader it has seen, and every shard's followers, which it asks
 the data service for (`ListShards`) whenever a map arrives; for the first map before
 `start` returns, so that a client whose one bootstrap node dies at once still finds
 the others (after a map that comes later, the new map is used first).
+
+The stream's node may itself be the faulty one (paused, or cut off from the cluster
+while the client still reaches it): it then sends no new map, and its dead connection is
+noticed only by keepalive, seconds later. So while a call waits on a leader for longer
+than `LEADER_CHECK_S`, the directory asks the other nodes (every `LEADER_RECHECK_S`)
+which leader they know for the shard (`ListShards`, which carries each shard's term) and
+routes to one elected in a later term than the leader it knew.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from quorumstore.client.errors import (
 )
 from quorumstore.client.retry import Backoff, classify
 from quorumstore.client.routing import ShardMap
+from quorumstore.event_loops import abandon
 from quorumstore.proto import oxia_client_pb2 as pb
 from quorumstore.proto import oxia_client_pb2_grpc, quorumstore_data_pb2_grpc
 from quorumstore.proto import quorumstore_data_pb2 as data_pb
@@ -35,6 +43,15 @@ from quorumstore.wire.metadata import LEADER_ROUTING_METADATA
 from quorumstore.wire.tls import TlsConfig, TokenSource, open_aio_channel
 
 log = logging.getLogger(__name__)
+
+#: How long a call waits on a shard's leader before the other nodes are asked whether a
+#: newer leader was elected, and how often again after that: a healthy leader answers
+#: in milliseconds, and the check finds a new leader soon after its election (the
+#: coordinator's default failure timeout is 0.5 s).
+LEADER_CHECK_S = 0.3
+LEADER_RECHECK_S = 0.1
+#: How long the check waits for each node's answer.
+LEADER_CHECK_TIMEOUT_S = 0.5
 
 
 class Channels:
@@ -98,6 +115,12 @@ class Directory:
         self._not_oxia: set[str] = set()
         #: Asks for the shards' followers again while the first ask failed.
         self._learning: asyncio.Task[None] | None = None
+        #: The latest term known of each shard's leader (from ListShards answers).
+        self._terms: dict[int, int] = {}
+        #: (shard, leader) -> the calls waiting on that leader, and the task asking the
+        #: other nodes whether the shard has a newer one.
+        self._waiting: dict[tuple[int, str], int] = {}
+        self._checks: dict[tuple[int, str], asyncio.Task[None]] = {}
 
     async def start(self, timeout_s: float) -> None:
         """Starts following the map; returns once the first one arrived."""
@@ -136,9 +159,62 @@ class Directory:
             pass
 
     async def leader_moved(self, shard: int, leader: str) -> None:
-        """Returns once the map names another leader than `leader` for `shard` (or none)."""
-        while self.map.leader(shard) == leader:
-            await self._changed.wait()
+        """Returns once the map names another leader than `leader` for `shard` (or none).
+
+        While any call waits here, the other nodes are asked after LEADER_CHECK_S, then
+        every LEADER_RECHECK_S, whether they know a newer leader (see the module docstring)."""
+        key = (shard, leader)
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        if key not in self._checks:
+            self._checks[key] = asyncio.create_task(
+                self._check_elsewhere(shard, leader), name=f"quorumstore-leader-check-{shard}"
+            )
+        try:
+            while self.map.leader(shard) == leader:
+                await self._changed.wait()
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
+                abandon(self._checks.pop(key))
+
+    async def _check_elsewhere(self, shard: int, leader: str) -> None:
+        """Routes `shard` to a leader the other nodes know from a later term than any this
+        client saw, once one is elected."""
+        await asyncio.sleep(LEADER_CHECK_S - LEADER_RECHECK_S)
+        while True:
+            await asyncio.sleep(LEADER_RECHECK_S)
+            others = [a for a in self._nodes if a != leader]
+            answers = await asyncio.gather(*(self._list_shards(a) for a in others))
+            known = [
+                (info.term, info.leader)
+                for answer in answers
+                if answer is not None
+                for info in answer.shards
+                if info.shard == shard and info.leader
+            ]
+            log.debug(
+                "check shard %d leader %s: known %s terms %s", shard, leader, known, self._terms
+            )
+            if not known:
+                continue
+            term, newer = max(known)
+            if term > self._terms.get(shard, -1) and newer != leader:
+                log.debug("shard %d: %s leads in term %d, not %s", shard, newer, term, leader)
+                self._terms[shard] = term
+                self.hint(shard, newer)
+                return
+
+    async def _list_shards(self, address: str) -> data_pb.ListShardsResponse | None:
+        """The node's view of the namespace's shards, or None if it did not answer soon."""
+        request = data_pb.ListShardsRequest(namespace=self._namespace)
+        try:
+            return await self._channels.data_stub(address).ListShards(
+                request, timeout=LEADER_CHECK_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as e:
+            log.debug("ListShards on %s failed: %s", address, e.details())
+            return None
 
     def hint(self, shard: int, leader: str) -> None:
         """Routes `shard` to `leader` now, until the next map says otherwise."""
@@ -168,6 +244,7 @@ class Directory:
             log.debug("ListShards on %s failed: %s", address, e.details())
             return False
         for shard in response.shards:
+            self._terms[shard.shard] = max(self._terms.get(shard.shard, -1), shard.term)
             for node in [shard.leader, *shard.followers]:
                 if node:
                     self._nodes.setdefault(node)
@@ -236,6 +313,9 @@ class Directory:
             log.error("stopped following shard assignments: %s", error)
 
     async def close(self) -> None:
+        for check in self._checks.values():
+            abandon(check)
+        self._checks.clear()
         if self._learning is not None:
             self._learning.cancel()
             await asyncio.gather(self._learning, return_exceptions=True)

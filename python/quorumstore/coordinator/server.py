@@ -586,12 +586,19 @@ class CoordinatorServer:
             self.step(convert(response, link.name))
 
     async def _push_assignments(self, update: pb.ShardAssignmentsUpdate, nodes: list[str]) -> None:
-        for node in nodes:
-            link = self._links[node]
+        """Pushes `update` to every node at once: a node that does not answer (paused, cut
+        off) must not hold back the others' news of the leaders that replace it. Nodes
+        keep the highest version, so pushes may overtake each other."""
+
+        async def push(node: str) -> None:
             try:
-                await link.stub.PushShardAssignments(update, timeout=5, metadata=self.call_metadata)
+                await self._links[node].stub.PushShardAssignments(
+                    update, timeout=5, metadata=self.call_metadata
+                )
             except grpc.aio.AioRpcError as e:
                 log.debug("pushing assignments to %s failed: %s", node, e.code())
+
+        await asyncio.gather(*(push(node) for node in nodes))
 
     # ------------------------------------------------------------------ status
 

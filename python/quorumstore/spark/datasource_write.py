@@ -64,6 +64,9 @@ from quorumstore.wire.metadata import ClientSerial
 #: A shard's staged or written chunk is cut at `chunkRows` rows or about this many
 #: bytes, whichever comes first.
 CHUNK_BYTES = 8 * 1024 * 1024
+#: After a failed or aborted write, how long dropping its staged rows waits for the
+#: nodes once one answered (after a publish, which dropped what it published, 0.1 s).
+DISCARD_AFTER_FAILURE_S = 1.0
 #: Stream serials: batch id << _CHUNK_BITS | chunk index within (batch, partition, shard).
 _CHUNK_BITS = 20
 
@@ -245,6 +248,7 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
         replace = self._replace_range(staged)
         origin = ClientSerial(f"spark-write/{self.write_id}", 0)
         published: list[int] = []
+        failed = True
         with connect(self.options) as client:
             targets = [s.shard for s in client.shards()] if replace else sorted(parts)
             try:
@@ -261,6 +265,7 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
                         )
                         if not validate_only:
                             published.append(shard)
+                failed = False
             except DataClientError as e:
                 done = (
                     f"shards {published} were written, {sorted(set(targets) - set(published))} were not"
@@ -271,11 +276,11 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
                     f"write {self.write_id} failed at commit ({done}): {e}"
                 ) from None
             finally:
-                client.discard(self.write_id)
+                client.discard(self.write_id, wait_s=DISCARD_AFTER_FAILURE_S if failed else 0.1)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         with self.options.client() as client:
-            client.discard(self.write_id)
+            client.discard(self.write_id, wait_s=DISCARD_AFTER_FAILURE_S)
 
 
 @dataclass

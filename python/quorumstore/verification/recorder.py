@@ -3,7 +3,8 @@
 A `Recorder` collects the events of many worker threads under one lock, with times
 from one monotonic clock. Each worker wraps the client it uses in a recording
 client with a process id of its own (`OurClient` for `quorumstore.Client`,
-`OfficialClient` for the official `oxia` client), so that a process does one
+`OfficialClient` for the official `oxia` client; `OurAsyncClient` records an
+asyncio task's calls of a `quorumstore.AsyncClient`), so that a process does one
 operation at a time, as the checker assumes.
 
 An exception is mapped to fail only when it says that the operation definitely did
@@ -18,14 +19,14 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from quorumstore.client import Client as QuorumStoreClient
 from quorumstore.client import (
+    AsyncClient,
     InvalidRequest,
     KeyNotFound,
     NamespaceNotFound,
@@ -33,6 +34,7 @@ from quorumstore.client import (
     SessionDoesNotExist,
     UnexpectedVersionId,
 )
+from quorumstore.client import Client as QuorumStoreClient
 from quorumstore.verification.history import (
     KEY_NOT_FOUND,
     UNEXPECTED_VERSION_ID,
@@ -100,6 +102,14 @@ def text(value: bytes | str | None) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", "surrogateescape")
 
 
+def _raised(recorder: Recorder, op_id: int, error: Exception, definite: str | None) -> Completion:
+    """Records an operation that raised: fail under `definite` (the error's name when it
+    means the operation did not take effect), else info."""
+    if definite is not None:
+        return recorder.complete(op_id, Status.FAIL, error=definite)
+    return recorder.complete(op_id, Status.INFO, error=f"{type(error).__name__}: {error}")
+
+
 class _RecordingClient(abc.ABC):
     """Logs each call of one worker; subclasses say how their client is called and what
     its exceptions mean."""
@@ -120,10 +130,7 @@ class _RecordingClient(abc.ABC):
         try:
             result = call()
         except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
-            name = self._definite_error(e)
-            if name is not None:
-                return self.recorder.complete(op_id, Status.FAIL, error=name)
-            return self.recorder.complete(op_id, Status.INFO, error=f"{type(e).__name__}: {e}")
+            return _raised(self.recorder, op_id, e, self._definite_error(e))
         return self.recorder.complete(op_id, Status.OK, **result)
 
     def put(self, key: str, value: str, expected_version_id: int | None = None) -> Completion:
@@ -170,6 +177,11 @@ _OUR_DEFINITE: dict[type[Exception], str] = {
 }
 
 
+def _our_definite(error: Exception) -> str | None:
+    """The history's name for a quorumstore client error that means "not done"."""
+    return next((n for t, n in _OUR_DEFINITE.items() if isinstance(error, t)), None)
+
+
 class OurClient(_RecordingClient):
     """Records the calls of a `quorumstore.Client` (shareable between workers).
 
@@ -181,7 +193,7 @@ class OurClient(_RecordingClient):
         self.client = client
 
     def _definite_error(self, error: Exception) -> str | None:
-        return next((n for t, n in _OUR_DEFINITE.items() if isinstance(error, t)), None)
+        return _our_definite(error)
 
     def _put(self, key: str, value: str, expected_version_id: int | None) -> Version:
         v = self.client.put(key, value, expected_version_id=expected_version_id)
@@ -249,3 +261,42 @@ class OfficialClient(_RecordingClient):
     def _scan(self, start: str, end: str) -> Iterable[Record]:
         for key, value, v in self.client.range_scan(start, end):
             yield Record(key, text(value), Version(v.version_id(), v.modifications_count()))
+
+
+class OurAsyncClient:
+    """Records the calls of a `quorumstore.AsyncClient` made by one asyncio task (a
+    process of the history); the client may be shared by many such tasks."""
+
+    def __init__(self, recorder: Recorder, process: int, client: AsyncClient) -> None:
+        self.recorder = recorder
+        self.process = process
+        self.client = client
+
+    async def _record(
+        self, call: Callable[[], Awaitable[dict[str, Any]]], kind: Kind, key: str, **args: Any
+    ) -> Completion:
+        op_id = self.recorder.invoke(self.process, kind, key, **args)
+        try:
+            result = await call()
+        except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
+            return _raised(self.recorder, op_id, e, _our_definite(e))
+        return self.recorder.complete(op_id, Status.OK, **result)
+
+    async def put(self, key: str, value: str, expected_version_id: int | None = None) -> Completion:
+        async def call() -> dict[str, Any]:
+            v = await self.client.put(key, value, expected_version_id=expected_version_id)
+            return {"version": Version(v.version_id, v.modifications_count)}
+
+        kind = Kind.PUT if expected_version_id is None else Kind.CPUT
+        return await self._record(
+            call, kind, key, value=value, expected_version_id=expected_version_id
+        )
+
+    async def get(self, key: str) -> Completion:
+        async def call() -> dict[str, Any]:
+            found = await self.client.get(key)
+            v = found.version
+            version = Version(v.version_id, v.modifications_count)
+            return {"record": Record(found.key, text(found.value), version)}
+
+        return await self._record(call, Kind.GET, key)

@@ -6,7 +6,7 @@ import java.util.concurrent.TimeUnit
 
 import scala.jdk.CollectionConverters._
 
-import org.sparkproject.connect.grpc.{CallOptions, Channel, ClientCall, ClientInterceptor, ForwardingClientCall, Grpc, ManagedChannel, ManagedChannelBuilder, Metadata, MethodDescriptor, StatusException, StatusRuntimeException, TlsChannelCredentials}
+import org.sparkproject.connect.grpc.{CallOptions, Channel, ClientCall, ClientInterceptor, Context, ForwardingClientCall, Grpc, ManagedChannel, ManagedChannelBuilder, Metadata, MethodDescriptor, StatusException, StatusRuntimeException, TlsChannelCredentials}
 import org.sparkproject.connect.grpc.stub.ClientCalls
 import org.sparkproject.connect.protobuf.{ByteString, DescriptorProtos, Descriptors, DynamicMessage}
 
@@ -173,6 +173,21 @@ object OxiaWire {
       timeoutMs: Long): Iterator[DynamicMessage] = guarded {
     ClientCalls.blockingServerStreamingCall(conn.ch, m, conn.options(timeoutMs), request)
       .asScala.toVector.iterator
+  }
+
+  /**
+   * Runs `body`, whose calls are cancelled (they fail with CANCELLED, which is retryable)
+   * once the function handed to `watch` is called, from any thread. `watch` returns what
+   * stops watching, run when `body` ends.
+   */
+  def abandonable[T](watch: (() => Unit) => (() => Unit))(body: => T): T = {
+    val context = Context.current().withCancellation()
+    val stopWatching = watch(() => context.cancel(null))
+    try context.call(() => body)
+    finally {
+      stopWatching()
+      context.close()
+    }
   }
 
   // -------------------------------------------------------------------- calls

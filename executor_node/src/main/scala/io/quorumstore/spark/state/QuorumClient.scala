@@ -1,6 +1,7 @@
 package io.quorumstore.spark.state
 
-import java.util.concurrent.ConcurrentHashMap
+import java.util.concurrent.{ConcurrentHashMap, Executors, ScheduledExecutorService, ThreadFactory, TimeUnit}
+import java.util.concurrent.atomic.AtomicBoolean
 
 import scala.util.control.NonFatal
 
@@ -12,6 +13,12 @@ import org.apache.spark.internal.Logging
  * to that shard's leader, and on leader changes or unreachable nodes refreshes the
  * assignments (from any configured or previously known node) and retries until the
  * operation's time budget is spent. One instance per (addresses, namespace) per JVM.
+ *
+ * A leader that was paused, or cut off from the coordinator and its followers, may keep
+ * a call waiting for as long as the fault lasts, and its own map still names it. So
+ * while a call waits longer than `LeaderCheckMs`, the other known nodes are asked for
+ * their maps (every `LeaderRecheckMs`); when those that answer agree on another leader
+ * for the shard, the call is cancelled and retried there, as after any retryable failure.
  */
 final class QuorumClient private (
     val addresses: Seq[String], val namespace: String, security: WireSecurity) extends Logging {
@@ -81,6 +88,7 @@ final class QuorumClient private (
     var attempt = 0
     var backoffMs = 50L
     var lastError: Throwable = null
+    val moved = new AtomicBoolean(false)
     while (true) {
       val outOfTime = attempt > 0 && System.nanoTime() + backoffMs * 1000000L >= deadline
       if (outOfTime) {
@@ -88,18 +96,23 @@ final class QuorumClient private (
           describe(what) + s" for $timeoutMs ms (spark.quorumstore.timeoutMs); last error: " +
             String.valueOf(lastError.getMessage), lastError)
       }
-      if (attempt > 0) {
+      if (attempt > 0 && !moved.get()) {
         Thread.sleep(backoffMs)
         backoffMs = math.min(backoffMs * 2, 1000L)
       }
       try {
-        if (attempt > 0 || assignments.isEmpty) refresh(deadline)
+        // After a leader check moved the shard, its map is the news: the configured node
+        // asked first by refresh may be the deposed leader itself.
+        if ((attempt > 0 && !moved.get()) || assignments.isEmpty) refresh(deadline)
+        moved.set(false)
         val target = route(partitionKey)
         if (target.leader.isEmpty) {
           throw new WireException("UNAVAILABLE", s"shard ${target.shard} has no leader yet " +
             "(election in progress)", None, null)
         }
-        return op(connection(target.leader), target.shard, remainingMs(deadline), attempt > 0)
+        return OxiaWire.abandonable(abandon => watchLeader(target, moved, abandon)) {
+          op(connection(target.leader), target.shard, remainingMs(deadline), attempt > 0)
+        }
       } catch {
         case e: WireException if e.retryable =>
           logInfo(s"retrying after ${e.getMessage} ($what)")
@@ -110,6 +123,40 @@ final class QuorumClient private (
       attempt += 1
     }
     throw new AssertionError("unreachable")
+  }
+
+  /** Checks every LeaderCheckMs, while the call to `target` runs, whether the other nodes
+   * know another leader of its shard; if so installs their map, sets `moved` and abandons
+   * the call. Returns what stops the checks. */
+  private def watchLeader(
+      target: ShardAssignment, moved: AtomicBoolean, abandon: () => Unit): () => Unit = {
+    val check: Runnable = () =>
+      if (!moved.get()) newerLeaderElsewhere(target).foreach { fresh =>
+        assignments = fresh
+        moved.set(true)
+        logInfo(s"shard ${target.shard}: the other nodes name " +
+          s"${fresh.find(_.shard == target.shard).map(_.leader).getOrElse("")} as leader, not " +
+          s"${target.leader}; retrying there")
+        abandon()
+      }
+    val scheduled = QuorumClient.leaderChecks.scheduleWithFixedDelay(
+      check, QuorumClient.LeaderCheckMs, QuorumClient.LeaderRecheckMs, TimeUnit.MILLISECONDS)
+    () => scheduled.cancel(false)
+  }
+
+  /** The map of the other nodes, when every one that answers names the same leader of
+   * `target`'s shard and it is not `target`'s. */
+  private def newerLeaderElsewhere(target: ShardAssignment): Option[Seq[ShardAssignment]] = {
+    val others = (addresses ++ assignments.map(_.leader))
+      .filter(a => a.nonEmpty && a != target.leader).distinct
+    val maps = others.flatMap { address =>
+      try Some(OxiaWire.shardAssignments(connection(address), namespace,
+        QuorumClient.LeaderCheckMs))
+      catch { case NonFatal(_) => None }
+    }
+    val named = maps.map(_.find(_.shard == target.shard).map(_.leader).getOrElse("")).distinct
+    if (named.size == 1 && named.head.nonEmpty && named.head != target.leader) maps.headOption
+    else None
   }
 
   /**
@@ -150,6 +197,22 @@ final class QuorumUnavailableException(message: String, cause: Throwable)
     "quorumstore cluster is running and reachable from the executors.", cause)
 
 object QuorumClient {
+  /** How long a call waits on a shard's leader before the other nodes are asked whether
+   * another leads it, and how often again: a healthy leader answers in milliseconds, and
+   * a new one is found soon after its election. */
+  val LeaderCheckMs = 300L
+  val LeaderRecheckMs = 100L
+
+  /** Runs the leader checks of every client in the JVM (daemon threads). */
+  private lazy val leaderChecks: ScheduledExecutorService =
+    Executors.newScheduledThreadPool(2, new ThreadFactory {
+      override def newThread(r: Runnable): Thread = {
+        val thread = new Thread(r, "quorumstore-leader-check")
+        thread.setDaemon(true)
+        thread
+      }
+    })
+
   private val clients =
     new ConcurrentHashMap[(Seq[String], String, WireSecurity), QuorumClient]()
 

@@ -1,0 +1,262 @@
+"""The Spark client kinds of availability.py: the JVM state-store provider, the DataFrame
+sink and source, and the change feed, each in a Spark session (local mode, in the root
+namespace like the other clients) against the cluster on the hosts.
+
+Their work comes in spans (a job, a micro-batch), so a second's throughput is the rows
+of the spans it overlaps, each span's rows spread evenly over its time, and a fault's
+recovery is the time from the fault until the first span started after it ended, less
+a fault-free span's median length: how much longer than usual the work started after
+the fault took to come back.
+
+- **state-store**: a rate source (200 rows/s) counted by 20 keys with quorumstore's
+  provider, micro-batches back to back; checked: the counts sum to the rows read.
+- **dataframe**: a loop of a 50-row append to new keys and a read of them back; checked:
+  every read returned all of its job's rows, and a final read holds every acknowledged
+  job's rows.
+- **change-feed**: quorumstore's client puts 100 keys/s while a streaming query reads the
+  change feed; checked: every acknowledged put is in the feed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from availability import Fault, Phases, RunResult, Span, run_phases, spans_phase
+from netns import Hosts
+
+from cluster_harness import LocalCluster
+from quorumstore import Client
+
+SPARK_KINDS = ("state-store", "dataframe", "change-feed")
+RATE_ROWS_PER_S = 200
+STATE_KEYS = 20
+DATAFRAME_ROWS = 50
+FEED_PUTS_PER_S = 100
+#: How long a streaming query may take to catch up once the faults end.
+DRAIN_TIMEOUT_S = 120.0
+
+
+def spark_session(address: str, local_dir: Path) -> Any:
+    """A local Spark session with quorumstore's provider and data source on `address`."""
+    from pyspark.sql import SparkSession
+
+    from quorumstore.spark.datasource import register
+    from quorumstore.spark.state_store import spark_confs
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("quorumstore availability")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
+    )
+    for key, value in spark_confs(address, local_dir=str(local_dir)).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark, address=address)
+    return spark
+
+
+def _monotonic(iso: str, offset: float) -> float:
+    """A progress report's UTC timestamp on the monotonic clock (`offset`: wall - mono)."""
+    at = datetime.datetime.fromisoformat(iso)  # Python 3.11 reads the trailing Z
+    return at.timestamp() - offset
+
+
+def _batches(query: Any, offset: float) -> list[Span]:
+    """The query's micro-batches that read rows, as spans of rows."""
+    seen: dict[int, Span] = {}
+    for progress in query.recentProgress:
+        rows = progress.numInputRows
+        duration_s = progress.batchDuration / 1000
+        start = _monotonic(progress.timestamp, offset)
+        if rows:
+            seen[progress.batchId] = Span(start, start + duration_s, float(rows))
+    return [seen[b] for b in sorted(seen)]
+
+
+def recovery_after(fault: Fault, spans: list[Span], usual_s: float) -> float:
+    """Seconds from the fault until the first span started after it ended, less a usual
+    span's length (inf if none did)."""
+    first = min((s.end for s in spans if s.start >= fault.start), default=float("inf"))
+    return max(first - fault.start - usual_s, 0.0)
+
+
+def _result(kind: str, spans: list[Span], phases: Phases, correct: bool, report: str) -> RunResult:
+    fault_free = [
+        s.end - s.start
+        for s in spans
+        if phases.fault_free_start <= s.start and s.end <= phases.faulty_start
+    ]
+    usual_s = statistics.median(fault_free) if fault_free else 0.0
+    return RunResult(
+        kind,
+        spans_phase(spans, phases.fault_free_start, phases.seconds),
+        spans_phase(spans, phases.faulty_start, phases.seconds),
+        phases.faults,
+        [recovery_after(f, spans, usual_s) for f in phases.faults],
+        correct,
+        f"usual span {usual_s:.2f} s; {report}",
+        unit="rows/s",
+    )
+
+
+def _state_store(
+    spark: Any, run: Callable[[], Phases], checkpoint: Path, offset: float
+) -> RunResult:
+    from pyspark.sql import functions as F
+
+    counts = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", RATE_ROWS_PER_S)
+        .load()
+        .groupBy((F.col("value") % STATE_KEYS).alias("k"))
+        .count()
+    )
+    query = (
+        counts.writeStream.outputMode("complete")
+        .format("memory")
+        .queryName("availability_counts")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        phases = run()
+    finally:
+        query.stop()
+    spans = _batches(query, offset)
+    read = int(sum(s.amount for s in spans))
+    counted = spark.sql("SELECT COALESCE(SUM(count), 0) AS n FROM availability_counts").first()[0]
+    report = f"{len(spans)} micro-batches; the counts sum to {counted} of {read} rows read"
+    return _result("state-store", spans, phases, counted == read, report)
+
+
+def _dataframe(spark: Any, run: Callable[[], Phases]) -> RunResult:
+    """The jobs run on this thread (a Python data source registered in a session is found
+    by the jobs of the thread that registered it), the phases on another."""
+    from pyspark.sql import functions as F
+
+    spans: list[Span] = []
+    failures: list[str] = []
+    ran: list[Phases] = []
+    phases_thread = threading.Thread(target=lambda: ran.append(run()), daemon=True)
+    n = 0
+    while n <= 1 or phases_thread.is_alive():
+        if n == 1:  # the first job, which starts the Python workers, is not measured
+            spans.clear()
+            phases_thread.start()
+        prefix = f"/df/{n:07d}/"
+        started = time.monotonic()
+        try:
+            rows = spark.range(DATAFRAME_ROWS).select(
+                F.format_string(f"{prefix}%03d", "id").alias("key"),
+                F.col("id").cast("string").cast("binary").alias("value"),
+            )
+            rows.write.format("quorumstore").mode("append").save()
+            read = spark.read.format("quorumstore").option("keyPrefix", prefix).load().count()
+        except Exception as e:  # noqa: BLE001 - a failed job is an outcome to report
+            failures.append(f"job {n}: {type(e).__name__}: {str(e)[:300]}")
+        else:
+            if read != DATAFRAME_ROWS:
+                failures.append(f"job {n}: read {read} of {DATAFRAME_ROWS} rows back")
+            spans.append(Span(started, time.monotonic(), float(DATAFRAME_ROWS)))
+        n += 1
+    phases_thread.join()
+    if not ran:
+        raise RuntimeError("the phases of the dataframe run failed; see the log above")
+    stored = spark.read.format("quorumstore").option("keyPrefix", "/df/").load().count()
+    acknowledged = len(spans) * DATAFRAME_ROWS
+    correct = not any("read" in f for f in failures) and stored >= acknowledged
+    report = (
+        f"{len(spans)} jobs of {DATAFRAME_ROWS} rows acknowledged and read back, "
+        f"{len(failures)} failed{': ' + failures[0] if failures else ''}; {stored} rows "
+        f"stored (every acknowledged one: {stored >= acknowledged})"
+    )
+    return _result("dataframe", spans, ran[0], correct, report)
+
+
+def _change_feed(
+    spark: Any, cluster: LocalCluster, run: Callable[[], Phases], checkpoint: Path, offset: float
+) -> RunResult:
+    changes = (
+        spark.readStream.format("quorumstore")
+        .option("startingOffsets", "latest")
+        .option("keyPrefix", "/feed/")
+        .load()
+    )
+    query = (
+        changes.select("key")
+        .writeStream.format("memory")
+        .queryName("availability_feed")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        with Client(",".join(cluster.nodes)) as client:
+            n = 0
+            while not stop.wait(1 / FEED_PUTS_PER_S):
+                key = f"/feed/{n:08d}"
+                with contextlib.suppress(Exception):  # unacknowledged: not expected in the feed
+                    client.put(key, b"x")
+                    acknowledged.append(key)
+                n += 1
+
+    try:
+        while not query.recentProgress:  # started from the latest offsets before any put
+            time.sleep(0.1)
+        putter = threading.Thread(target=writer, daemon=True)
+        putter.start()
+        try:
+            phases = run()
+        finally:
+            stop.set()
+            putter.join(60)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    spans = _batches(query, offset)
+    fed = {row.key for row in spark.sql("SELECT key FROM availability_feed").collect()}
+    missing = [k for k in acknowledged if k not in fed]
+    report = f"{len(acknowledged)} puts acknowledged, {len(missing)} missing from the feed" + (
+        f" (first {missing[0]})" if missing else ""
+    )
+    return _result("change-feed", spans, phases, not missing, report)
+
+
+def measure_spark(
+    spark: Any,
+    hosts: Hosts,
+    cluster: LocalCluster,
+    kind: str,
+    seconds: float,
+    seed: int,
+    root: Path,
+) -> RunResult:
+    """`kind`'s fault-free and faulty phases, as availability.measure does for clients."""
+    offset = time.time() - time.monotonic()
+
+    def run() -> Phases:
+        time.sleep(2.0)  # the first jobs or micro-batches, which start Python workers, done
+        return run_phases(hosts, cluster, seconds, seed)
+
+    if kind == "state-store":
+        return _state_store(spark, run, root / "state-checkpoint", offset)
+    if kind == "dataframe":
+        return _dataframe(spark, run)
+    if kind == "change-feed":
+        return _change_feed(spark, cluster, run, root / "feed-checkpoint", offset)
+    raise ValueError(f"unknown Spark client kind {kind!r}; known: {', '.join(SPARK_KINDS)}")
