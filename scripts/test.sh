@@ -16,6 +16,10 @@ if ! command -v iptables-legacy >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   # The multi-host tier's partition and delay helpers need iptables.
   apt-get update -qq >/dev/null && apt-get install -y -qq iptables >/dev/null
 fi
+if ! command -v mkfs.ext4 >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  # The disk nemesis (tests/process/test_disk_nemesis.py) puts nodes on small ext4 disks.
+  apt-get update -qq >/dev/null && apt-get install -y -qq e2fsprogs >/dev/null
+fi
 export PYSPARK_PYTHON="$(python -c 'import sys; print(sys.executable)')"
 export PYSPARK_DRIVER_PYTHON="$PYSPARK_PYTHON"
 
@@ -46,6 +50,7 @@ run_tier integration run_pytest tests/integration
 # A wheel installed into an empty virtual environment, run from outside the checkout.
 run_tier "fresh install" bash scripts/fresh-install.sh
 run_tier simulation run_pytest tests/simulation
+# Its campaigns (test_nemesis, test_disk_nemesis) run 20 s each, with a random seed.
 run_tier process run_pytest tests/process
 # Each module that starts Spark runs in its own pytest process, so each gets a fresh
 # JVM: the state-store provider's jar reaches the driver's class path only when its JVM

@@ -122,6 +122,32 @@ def _set_worker(client: OurClient, seed: int, stop: threading.Event) -> None:
         n += 1
 
 
+def pause_or_kill(
+    cluster: LocalCluster, rnd: random.Random, victim: str, at: str, log: list[str]
+) -> None:
+    """One process fault on `victim` (a node or "coordinator"), logged at time `at`:
+    SIGSTOP for 0.2-2.5 s (it wakes up in a world that moved on), or kill -9 and a
+    restart 0.2-1.5 s later; returns with the victim running."""
+    if rnd.random() < 0.7:
+        pause_s = rnd.uniform(0.2, 2.5)
+        log.append(f"{at} pause {victim} {pause_s:.1f} s")
+        cluster.pause(victim)
+        try:
+            time.sleep(pause_s)
+        finally:
+            cluster.resume(victim)
+    elif victim == "coordinator":
+        log.append(f"{at} kill -9 coordinator")
+        cluster.kill9_coordinator()
+        time.sleep(rnd.uniform(0.2, 1.5))
+        cluster.restart_coordinator()
+    else:
+        log.append(f"{at} kill -9 {victim}")
+        cluster.kill9(victim)
+        time.sleep(rnd.uniform(0.2, 1.5))
+        cluster.restart(victim)
+
+
 def _final_state(address: str, recorder: Recorder) -> dict[str, Record]:
     """Every record, with its version, read (and recorded) once the faults have ended."""
     with Client(address, request_timeout_s=REQUEST_TIMEOUT_S) as client:

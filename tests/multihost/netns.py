@@ -10,12 +10,12 @@ run made.
 
 Each `Host` runs commands inside its namespace (`ip netns exec`) and remembers every
 process it started; `Hosts.root` runs them in the root namespace, where the bridge address
-lives. The fault helpers (`isolate`, `partition`, `delay`, `pause`) each have an undo, and
+lives. The fault helpers (`isolate`, `partition`, `drop`, `delay`, `pause`) each have an undo, and
 `close()` undoes everything, kills every process (SIGKILL of its process group, then any
 process still inside a namespace), and deletes the namespaces, veths and the bridge, also
 after a failure.
 
-Needs root, `ip` (iproute2) and, for `partition` and `delay`, iptables (scripts/test.sh
+Needs root, `ip` (iproute2) and, for `partition`, `drop` and `delay`, iptables (scripts/test.sh
 installs it). The kernel here has no `netem` qdisc, so `delay` queues a host's outgoing
 packets to tests/multihost/netem.py through NFQUEUE.
 """
@@ -333,8 +333,14 @@ class Hosts:
                     # Dropped on arrival, so the sender sees silence, as over a cut cable.
                     self._iptables(host, "-A", _PARTITION_CHAIN, "-s", other.address, "-j", "DROP")
 
+    def drop(self, source: Host, target: Host) -> None:
+        """Drops every packet `source` sends to `target`, one way only: `target`'s packets
+        still reach `source` (asymmetric loss; both ways, and a bridge or any other shape
+        of cut links). Adds to the partition in force; `partition` replaces it."""
+        self._iptables(target, "-A", _PARTITION_CHAIN, "-s", source.address, "-j", "DROP")
+
     def heal_partition(self) -> None:
-        """Undoes `partition`."""
+        """Undoes `partition` and `drop`."""
         for host in self.hosts:
             if host.fault_chains:
                 self._iptables(host, "-F", _PARTITION_CHAIN)

@@ -5,7 +5,12 @@ once it listens. `connect ADDRESS PORT TIMEOUT ROUNDS` connects, sends ROUNDS on
 echoes and prints the round trips as JSON (`{"rtt_ms": [...]}`), or exits 1 with the error
 when the connection or an echo takes longer than TIMEOUT seconds.
 
-Run as: python probe.py serve|connect ...
+One way, with no answer that could be lost on the way back: `udp-receive ADDRESS PORT
+TIMEOUT` prints `ready` once bound, then `{"received": true}` at the first datagram or
+`{"received": false}` after TIMEOUT seconds; `udp-send ADDRESS PORT ROUNDS` sends ROUNDS
+datagrams 50 ms apart.
+
+Run as: python probe.py serve|connect|udp-receive|udp-send ...
 """
 
 from __future__ import annotations
@@ -53,12 +58,38 @@ def connect(address: str, port: int, timeout: float, rounds: int) -> int:
     return 0
 
 
+def udp_receive(address: str, port: int, timeout: float) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((address, port))
+        sock.settimeout(timeout)
+        print("ready", flush=True)
+        try:
+            sock.recv(64)
+        except TimeoutError:
+            print(json.dumps({"received": False}), flush=True)
+            return 0
+    print(json.dumps({"received": True}), flush=True)
+    return 0
+
+
+def udp_send(address: str, port: int, rounds: int) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _ in range(rounds):
+            sock.sendto(b"x", (address, port))
+            time.sleep(0.05)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"] and len(argv) == 3:
         serve(argv[1], int(argv[2]))
         return 0
     if argv[:1] == ["connect"] and len(argv) == 5:
         return connect(argv[1], int(argv[2]), float(argv[3]), int(argv[4]))
+    if argv[:1] == ["udp-receive"] and len(argv) == 4:
+        return udp_receive(argv[1], int(argv[2]), float(argv[3]))
+    if argv[:1] == ["udp-send"] and len(argv) == 4:
+        return udp_send(argv[1], int(argv[2]), int(argv[3]))
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -117,6 +117,61 @@ def test_partition_blocks_between_groups_not_within(healed: Hosts, echo_servers:
     assert reaches(h2, h0.address)
 
 
+def one_way(source: Host, target: Host) -> bool:
+    """Whether a UDP datagram from `source` reaches `target` (nothing comes back, so this
+    sees one direction where a TCP echo needs both)."""
+    receiver = target.popen(
+        [
+            sys.executable,
+            str(PROBE),
+            "udp-receive",
+            target.address,
+            str(PORT),
+            str(CUT_TIMEOUT_S * 3),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
+        source.run(
+            [sys.executable, str(PROBE), "udp-send", target.address, str(PORT), "20"], check=True
+        )
+        return bool(json.loads(receiver.communicate(timeout=REACH_TIMEOUT_S)[0])["received"])
+    finally:
+        receiver.kill()
+        receiver.wait()
+        target.processes.remove(receiver)
+
+
+def test_drop_cuts_one_direction_only(healed: Hosts, echo_servers: list[Any]) -> None:
+    h0, h1, h2 = healed
+    healed.drop(h0, h1)
+    assert not one_way(h0, h1)
+    assert one_way(h1, h0), "dropping h0 -> h1 must leave h1 -> h0"
+    # TCP needs answers both ways: a handshake either way loses its SYN or its SYN-ACK.
+    assert cut_off(h0, h1.address)
+    assert cut_off(h1, h0.address)
+    assert reaches(h0, h2.address)
+    assert reaches(h2, h1.address)
+    healed.heal_partition()
+    assert one_way(h0, h1)
+    assert reaches(h0, h1.address)
+
+
+def test_drop_both_ways_makes_a_bridge(healed: Hosts, echo_servers: list[Any]) -> None:
+    """h0-h1 and h1-h2 connected, h0-h2 cut: two majorities overlapping in h1."""
+    h0, h1, h2 = healed
+    healed.drop(h0, h2)
+    healed.drop(h2, h0)
+    assert cut_off(h0, h2.address)
+    assert cut_off(h2, h0.address)
+    for a, b in ((h0, h1), (h1, h0), (h1, h2), (h2, h1)):
+        assert reaches(a, b.address), f"the bridge must keep {a} -> {b}"
+    healed.heal_partition()
+    assert reaches(h0, h2.address)
+
+
 def test_delay_adds_latency_and_loss_drops(healed: Hosts, echo_servers: list[Any]) -> None:
     h0, h1, _ = healed
     before = rtts(h0, h1.address)

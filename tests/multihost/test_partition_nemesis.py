@@ -9,7 +9,11 @@ fault for 1-4 s, then heals it:
   reached by clients;
 - a random node alone (a minority), or the coordinator alone;
 - a node's host isolated (its link down: clients lose it too);
-- a host's packets delayed by 20-300 ms, with 0-20% of them lost.
+- a host's packets delayed by 20-300 ms, with 0-20% of them lost;
+- a bridge: nodes A-B and B-C connected, A-C cut (two majorities overlapping in B), the
+  coordinator on A's side, on C's side, or reaching all three like B;
+- one-way loss: every packet from one host (a node or the coordinator) to another
+  dropped, the other way delivered.
 
     QS_NEMESIS_SEED=7 QS_NEMESIS_SECONDS=600 pytest tests/multihost/test_partition_nemesis.py
 
@@ -37,7 +41,15 @@ pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 SEED = int(os.environ.get("QS_NEMESIS_SEED") or random.randrange(1_000_000))
 SECONDS = float(os.environ.get("QS_NEMESIS_SECONDS", "20"))
-KINDS = ("leader alone", "node alone", "coordinator alone", "isolate", "delay")
+KINDS = (
+    "leader alone",
+    "node alone",
+    "coordinator alone",
+    "isolate",
+    "delay",
+    "bridge",
+    "one way",
+)
 
 
 def partition_nemesis(hosts: Hosts) -> Nemesis:
@@ -74,6 +86,20 @@ def partition_nemesis(hosts: Hosts) -> Nemesis:
             elif kind == "isolate":
                 hosts.isolate(target)
                 heal = functools.partial(hosts.heal, target)
+            elif kind == "bridge":
+                a, b, c = rnd.sample(node_hosts, 3)
+                target = rnd.choice((a, b, c))  # the coordinator's side (with B it reaches all)
+                far = {a: c, c: a}.get(target)
+                for x, y in [(a, c), *([(coordinator_host, far)] if far else [])]:
+                    hosts.drop(x, y)
+                    hosts.drop(y, x)
+                kind = f"bridge {a.address} - {b.address} - {c.address}, coordinator with"
+                heal = hosts.heal_partition
+            elif kind == "one way":
+                source, target = rnd.sample(everyone, 2)
+                hosts.drop(source, target)
+                kind = f"drop {source.address} ->"
+                heal = hosts.heal_partition
             else:
                 target = rnd.choice(everyone)
                 delay_ms, loss_pct = rnd.uniform(20, 300), rnd.uniform(0, 20)

@@ -53,17 +53,19 @@ def prefix() -> str:
 def make_cluster(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[Callable[..., LocalCluster]]:
-    """A factory of started `LocalCluster`s; every process is killed at teardown.
+    """A factory of `LocalCluster`s, started unless `start=False` (the test prepares its
+    data directories first, then starts it); every process is killed at teardown.
 
     If the test failed, the tail of each process's log is printed (shown by pytest
     with the failure).
     """
     clusters: list[LocalCluster] = []
 
-    def make(**kwargs: object) -> LocalCluster:
+    def make(start: bool = True, **kwargs: object) -> LocalCluster:
         cluster = LocalCluster(tmp_path / f"cluster{len(clusters)}", **kwargs)  # type: ignore[arg-type]
         clusters.append(cluster)
-        cluster.start()
+        if start:
+            cluster.start()
         return cluster
 
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from campaign import run_campaign
+from campaign import pause_or_kill, run_campaign
 from cluster_harness import LocalCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
@@ -43,25 +43,7 @@ def _nemesis(
     origin = time.monotonic()
     while not stop.wait(rnd.uniform(0.5, 2.0)):
         victim = rnd.choice(targets)
-        at = f"{time.monotonic() - origin:.2f}s"
-        if rnd.random() < 0.7:
-            pause_s = rnd.uniform(0.2, 2.5)
-            log.append(f"{at} pause {victim} {pause_s:.1f} s")
-            cluster.pause(victim)
-            try:
-                time.sleep(pause_s)
-            finally:
-                cluster.resume(victim)
-        elif victim == "coordinator":
-            log.append(f"{at} kill -9 coordinator")
-            cluster.kill9_coordinator()
-            time.sleep(rnd.uniform(0.2, 1.5))
-            cluster.restart_coordinator()
-        else:
-            log.append(f"{at} kill -9 {victim}")
-            cluster.kill9(victim)
-            time.sleep(rnd.uniform(0.2, 1.5))
-            cluster.restart(victim)
+        pause_or_kill(cluster, rnd, victim, f"{time.monotonic() - origin:.2f}s", log)
 
 
 @pytest.mark.timeout(SECONDS + 400)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -367,6 +369,45 @@ def test_a_replica_whose_apply_fails_stops_fails_its_writes_and_reports_once(
     assert "shard default/0 on node a failed" in str(failures[0])
     assert "restart the node" in str(failures[0])
     assert not loop_errors, loop_errors
+
+
+def test_a_follower_whose_fsync_fails_never_acks_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Ack tells the leader the entries are durable here, so a follower whose group
+    commit fails (EIO) must never send it, nor any later one: a retried fsync can
+    succeed with the data gone. The replica stops, and the node hears of it once."""
+    failures: list[ReplicaFailure] = []
+
+    def failing_fdatasync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as io:
+            transport = RecordingTransport()
+            host = ShardHost("b", SHARD, tmp_path / "b", transport, io, on_failure=failures.append)
+            try:
+                host.step(NewTerm(SHARD, 1))
+                await _settle(host)
+                assert [type(out.message) for out in transport.sent] == [NewTermResponse]
+                monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+                first = make_entry(EMPTY_POSITION, 1, _put("/first"))
+                host.step(Append(SHARD, 1, "a", EMPTY_POSITION, (first,), -1))
+                await _settle(host)
+                monkeypatch.undo()  # the disk works again: a retry would succeed
+                prev = LogPosition(1, first.offset, first.checksum)
+                second = make_entry(prev, 1, _put("/second"))
+                host.step(Append(SHARD, 1, "a", prev, (second,), -1))
+                host.tick()
+                await _settle(host)
+                acks = [out.message for out in transport.sent if isinstance(out.message, Ack)]
+                assert acks == [], f"a follower whose fsync failed acked: {acks}"
+            finally:
+                host.close()
+
+    asyncio.run(scenario())
+    assert len(failures) == 1, failures
+    assert "Input/output error" in str(failures[0])
 
 
 def _bulk_put(rows: int) -> bytes:

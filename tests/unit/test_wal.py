@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -540,6 +542,92 @@ def test_a_damaged_base_file_raises(wal_dir: Path) -> None:
     flip_byte(wal_dir / "base", 12)
     with pytest.raises(WalError, match="base"):
         Wal.open(wal_dir)
+
+
+# --- failed writes and fsyncs -----------------------------------------------------------
+
+
+class StorageFaults:
+    """Makes the next `os.write`, `os.fdatasync` or `os.fsync` fail, as on a full disk
+    (ENOSPC) or a disk losing a write (EIO); once failed, the call works again, so a WAL
+    that retried would see success where the data may be gone."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed: dict[str, int] = {}
+        for name in ("write", "fdatasync", "fsync"):
+            monkeypatch.setattr(os, name, self._wrap(name, getattr(os, name)))
+
+    def fail_next(self, call: str, errno_: int) -> None:
+        self.armed[call] = errno_
+
+    def _wrap(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            errno_ = self.armed.pop(name, None)
+            if errno_ is not None:
+                raise OSError(errno_, os.strerror(errno_))
+            return real(*args)
+
+        return call
+
+
+def _append_one(wal: Wal) -> None:
+    wal.append(chain(wal.head, [1]))
+
+
+def _sync_on_a_thread(wal: Wal) -> None:
+    """The node's group commit: the fdatasync on another thread, its result recorded back."""
+    ticket = wal.prepare_sync()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(ticket.run).result()
+    wal.complete_sync(ticket)
+
+
+#: Each: the failing call and its errno, what the WAL's error names, and what it breaks,
+#: after 5 synced entries in segments of 3 (`SMALL`), the last with room for one more.
+FAULTS: dict[str, tuple[str, int, str, Callable[[Wal], object]]] = {
+    "group commit": ("fdatasync", errno.EIO, "fsync of", lambda w: (_append_one(w), w.sync())),
+    "group commit on a thread": (
+        "fdatasync",
+        errno.EIO,
+        "fsync of",
+        lambda w: (_append_one(w), _sync_on_a_thread(w)),
+    ),
+    "write on a full disk": ("write", errno.ENOSPC, "writing to", _append_one),
+    "sealing a full segment": (
+        "fdatasync",
+        errno.EIO,
+        "starting segment",
+        lambda w: w.append(chain(w.head, [1, 1])),  # the second entry rolls to a new segment
+    ),
+    "truncate": ("fdatasync", errno.EIO, "truncating", lambda w: w.truncate_after(2)),
+    "trim": ("fsync", errno.EIO, "trimming", lambda w: w.trim_before(4)),
+    "reset": ("fsync", errno.EIO, "resetting", lambda w: w.reset(LogPosition(1, 9, 9))),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_failed_write_or_fsync_is_never_taken_for_durable_and_never_retried(
+    wal_dir: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """After a failed write or fsync the kernel may have dropped the data while a second
+    fsync succeeds (it reports an error once): the WAL must not count anything past its
+    last good sync as durable, and must refuse every later use, syncs included, until it
+    is opened again from what is on disk (the replica stops; see ARCHITECTURE.md)."""
+    call, errno_, where, mutation = FAULTS[fault]
+    faults = StorageFaults(monkeypatch)
+    entries = chain(EMPTY_POSITION, [1] * 5)
+    with Wal.open(wal_dir, segment_bytes=SMALL) as wal:
+        wal.append(entries)
+        wal.sync()
+        faults.fail_next(call, errno_)
+        with pytest.raises(WalError, match=f"{where} .*{os.strerror(errno_)}"):
+            mutation(wal)
+        assert wal.synced_head.offset <= entries[-1].offset
+        for use in (wal.sync, lambda: _append_one(wal), lambda: wal.trim_before(1)):
+            with pytest.raises(WalError, match="unusable"):
+                use()
+        assert wal.synced_head.offset <= entries[-1].offset
+    Wal.open(wal_dir, segment_bytes=SMALL).close()  # what is on disk recovers
 
 
 # --- read limits ------------------------------------------------------------------------
