@@ -3,6 +3,7 @@
     quorumstore standalone --shards 4
     quorumstore cluster --nodes 3 --shards 8 --replication-factor 3 --data-dir ./qs
     quorumstore status --coordinator 127.0.0.1:6651
+    quorumstore restore --archive-url s3://bucket/qs --data-dir ./restored --at 2026-05-01T12:00Z
     quorumstore demo                # the main job, in local Spark (needs the spark extra)
 
 `node` and `coordinator` run the two halves on their own (what `cluster` starts).
@@ -22,7 +23,16 @@ import sys
 from typing import Protocol
 
 from quorumstore import __version__
-from quorumstore.cli import cluster, coordinator, demo, node, standalone, status, supervisor
+from quorumstore.cli import (
+    cluster,
+    coordinator,
+    demo,
+    node,
+    restore,
+    standalone,
+    status,
+    supervisor,
+)
 from quorumstore.cli.errors import CliError
 from quorumstore.coordinator.metadata_store import MetadataError
 from quorumstore.node.data_format import DataFormatError
@@ -49,6 +59,7 @@ COMMANDS: dict[str, Command] = {
     "node": node,
     "coordinator": coordinator,
     "status": status,
+    "restore": restore,
     "demo": demo,
 }
 

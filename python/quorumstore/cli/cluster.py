@@ -9,6 +9,7 @@ from pathlib import Path
 
 from quorumstore.cli import options, supervisor
 from quorumstore.cli.errors import CliError
+from quorumstore.cli.restore import restore_on_start
 from quorumstore.cli.status import fetch_status
 from quorumstore.coordinator.cluster_status import all_replicas_serving, format_status
 from quorumstore.proto import replication_pb2 as pb
@@ -44,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_tls_flags(p, internal=True)
     options.add_auth_flag(p)
     options.add_failure_timeout_flag(p)
+    options.add_archive_flags(p)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CliError(f"cannot use {data_dir} as the data directory: {e.strerror}") from None
+    restore_on_start(args.archive_url, data_dir)
     nodes = [host_port(args.host, args.base_port + i) for i in range(args.nodes)]
     internal = [host_port(args.host, internal_base + i) for i in range(args.nodes)]
     admin = host_port(args.host, args.base_port + args.nodes)
@@ -83,6 +86,7 @@ def run(args: argparse.Namespace) -> None:
     fsync = ["--no-fsync"] if args.no_fsync else []
     fsync += options.storage_flags(args)
     fsync += options.limit_flags(args)
+    fsync += options.archive_flags(args)
     commands = [
         (
             ["node", "--host", args.host, "--port", str(args.base_port + i),
@@ -101,6 +105,7 @@ def run(args: argparse.Namespace) -> None:
              "--metadata", str(data_dir / "coordinator" / "metadata.pb"),
              "--host", args.host, "--admin-port", str(args.base_port + args.nodes),
              "--failure-timeout-ms", str(args.failure_timeout_ms),
+             *options.archive_flags(args, nodes=False),
              *options.security_flags(args, with_auth=False)],
             data_dir / "coordinator.log",
         )

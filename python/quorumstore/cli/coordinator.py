@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--admin-port", type=options.port, default=0)
     options.add_failure_timeout_flag(p)
+    options.add_archive_flags(p, nodes=False)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -69,6 +70,7 @@ async def _serve(args: argparse.Namespace) -> None:
             admin_host=args.host,
             admin_port=args.admin_port,
             failure_timeout_ms=args.failure_timeout_ms,
+            archive_url=args.archive_url,
         )
     except ValueError as e:
         raise CliError(str(e)) from None

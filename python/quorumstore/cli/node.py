@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fsync", action="store_true")
     options.add_storage_flags(p)
     options.add_limit_flags(p)
+    options.add_archive_flags(p)
 
 
 def run(args: argparse.Namespace) -> None:

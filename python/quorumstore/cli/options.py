@@ -152,6 +152,52 @@ def add_storage_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_archive_flags(p: argparse.ArgumentParser, *, nodes: bool = True) -> None:
+    """--archive-url, and with `nodes` how the nodes archive (docs/archive.md)."""
+    from quorumstore.archive.shipper import ArchiveSettings
+
+    p.add_argument(
+        "--archive-url",
+        help="archive committed entries, snapshots and the coordinator's metadata to this "
+        "path or fsspec URL (s3://bucket/prefix needs quorumstore[s3]); a cluster started "
+        "on it with no data restores from it (default: no archive)",
+    )
+    if not nodes:
+        return
+    defaults = ArchiveSettings()
+    p.add_argument(
+        "--archive-sync",
+        action="store_true",
+        help="answer a write only once its entry is archived (slower; no acknowledged "
+        "write is missing from the archive)",
+    )
+    p.add_argument(
+        "--archive-snapshot-entries",
+        type=positive,
+        default=defaults.snapshot_entries,
+        help=f"entries archived between two KV snapshots (default {defaults.snapshot_entries})",
+    )
+    p.add_argument(
+        "--archive-keep-snapshots",
+        type=positive,
+        default=defaults.keep_snapshots,
+        help="snapshots kept in the archive, with the entries after the oldest "
+        f"(default {defaults.keep_snapshots})",
+    )
+
+
+def archive_flags(args: argparse.Namespace, *, nodes: bool = True) -> list[str]:
+    """The archive flags of `cluster`, passed on to its nodes (`nodes`) or coordinator."""
+    if args.archive_url is None:
+        return []
+    flags = ["--archive-url", args.archive_url]
+    if nodes:
+        flags += ["--archive-snapshot-entries", str(args.archive_snapshot_entries)]
+        flags += ["--archive-keep-snapshots", str(args.archive_keep_snapshots)]
+        flags += ["--archive-sync"] if args.archive_sync else []
+    return flags
+
+
 def add_failure_timeout_flag(p: argparse.ArgumentParser) -> None:
     """--failure-timeout-ms, of the commands that run a coordinator."""
     p.add_argument(
@@ -330,6 +376,7 @@ def node_config(
     args: argparse.Namespace, data_dir: Path, secret: ClusterSecret | None
 ) -> NodeConfig:
     """The node of `standalone` or `node`, from their shared flags."""
+    from quorumstore.archive.shipper import ArchiveSettings
     from quorumstore.node.node import NodeConfig
 
     return NodeConfig(
@@ -347,6 +394,12 @@ def node_config(
         kv_memory_bytes=args.kv_memory,
         relay_timeout_ms=args.relay_timeout_ms,
         limits=request_limits(args),
+        archive_url=args.archive_url,
+        archive=ArchiveSettings(
+            sync=args.archive_sync,
+            snapshot_entries=args.archive_snapshot_entries,
+            keep_snapshots=args.archive_keep_snapshots,
+        ),
     )
 
 

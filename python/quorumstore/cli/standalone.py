@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from quorumstore import event_loops
 from quorumstore.cli import options
 from quorumstore.cli.errors import CliError
+from quorumstore.cli.restore import restore_on_start
 from quorumstore.cli.serving import serve_until_signal
-from quorumstore.coordinator.metadata_store import MetadataStore
+from quorumstore.coordinator.metadata_store import MetadataStore, take_archived
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     options.add_storage_flags(p)
     options.add_limit_flags(p)
+    options.add_archive_flags(p)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -72,6 +74,9 @@ async def _serve(args: argparse.Namespace) -> None:
 
     data_dir = Path(args.data_dir).resolve()
     options.check_layout(data_dir, mine="node", other="node0", other_command="cluster")
+    await asyncio.get_running_loop().run_in_executor(
+        None, restore_on_start, args.archive_url, data_dir
+    )
     # The secret never leaves this process: the node and its coordinator share it in memory.
     secret = ClusterSecret.generate()
     node = Node(options.node_config(args, data_dir / "node", secret))
@@ -80,7 +85,7 @@ async def _serve(args: argparse.Namespace) -> None:
     try:
         metadata_url = str(data_dir / "coordinator" / "metadata.pb")
         await asyncio.get_running_loop().run_in_executor(
-            None, _adopt_standalone_shards, metadata_url, address
+            None, _adopt_standalone_shards, metadata_url, address, args.archive_url
         )
         coordinator = CoordinatorServer(
             CoordinatorServerConfig(
@@ -93,6 +98,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 admin_host=args.host,
                 admin_port=args.admin_port,
                 tls=options.tls_config(args),
+                archive_url=args.archive_url,
             )
         )
         await coordinator.start()
@@ -113,14 +119,17 @@ async def _serve(args: argparse.Namespace) -> None:
         await node.stop()
 
 
-def _adopt_standalone_shards(metadata_url: str, address: str) -> None:
+def _adopt_standalone_shards(metadata_url: str, address: str, archive_url: str | None) -> None:
     """A standalone server's node is its data directory, not its port: restarted on
     another port (`--port 0` picks a new one each time), it takes over the shards that
-    the directory's metadata placed on the old address."""
+    the directory's metadata (or its archived copy, when lost) placed on the old address."""
+    from quorumstore.archive.store import ArchiveStore
     from quorumstore.protocol.coordinator import placed_nodes, replace_node
 
     store = MetadataStore(metadata_url)
     metadata = store.load()
+    if metadata is None and archive_url is not None:
+        metadata = take_archived(store, ArchiveStore(archive_url))
     if metadata is None:
         return
     placed = placed_nodes(metadata)

@@ -32,8 +32,8 @@ def all_replicas_serving(status: pb.ClusterStatus) -> bool:
 
 
 def format_status(status: pb.ClusterStatus) -> str:
-    """One row per shard (state, term, leader, offsets, follower lag, eligible set),
-    then the nodes the coordinator cannot reach."""
+    """One row per shard (state, term, leader, offsets, follower lag, eligible set, and
+    with an archive how far it is behind), then the nodes the coordinator cannot reach."""
     state_names = {pb.ELECTION: "election", pb.ONLINE: "online", pb.OFFLINE: "OFFLINE"}
     # Keyed by node too: a leader that went down leaves its last report behind, and the
     # shard's current leader must not be hidden behind it.
@@ -41,7 +41,9 @@ def format_status(status: pb.ClusterStatus) -> str:
         (r.namespace, r.shard, r.node, r.term): r for r in status.replicas if r.role == pb.LEADER
     }
     alive = status.nodes_alive
-    rows = [("shard", "state", "term", "leader", "head", "commit", "followers (lag)", "eligible")]
+    archived = any(r.HasField("archive") for r in leaders.values())
+    header = ("shard", "state", "term", "leader", "head", "commit", "followers (lag)", "eligible")
+    rows: list[tuple[str, ...]] = [header + (("archive lag",) if archived else ())]
     for m in status.metadata.shards:
         report = leaders.get((m.namespace, m.shard, m.leader, m.term))
         if report is not None:
@@ -57,18 +59,19 @@ def format_status(status: pb.ClusterStatus) -> str:
             )
         else:
             head, commit, followers = "?", "?", "-"
-        rows.append(
-            (
-                f"{m.namespace}/{m.shard}",
-                state_names[m.status],
-                str(m.term),
-                m.leader or "-",
-                head,
-                commit,
-                followers,
-                ", ".join(m.eligible) or "-",
-            )
+        row: tuple[str, ...] = (
+            f"{m.namespace}/{m.shard}",
+            state_names[m.status],
+            str(m.term),
+            m.leader or "-",
+            head,
+            commit,
+            followers,
+            ", ".join(m.eligible) or "-",
         )
+        if archived:
+            row += (_archive_lag(report),)
+        rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     addresses = status.node_addresses
@@ -85,3 +88,13 @@ def format_status(status: pb.ClusterStatus) -> str:
     if down:
         lines.append(f"unreachable nodes: {', '.join(down)}")
     return "\n".join(lines)
+
+
+def _archive_lag(leader: pb.ShardStatus | None) -> str:
+    """Entries and seconds the shard's archive is behind its commit offset, and why, if
+    its last upload failed."""
+    if leader is None or not leader.HasField("archive"):
+        return "?"
+    lag = leader.archive
+    text = f"{lag.lag_entries} entries, {lag.lag_seconds:.1f} s"
+    return f"{text} (failing: {lag.error})" if lag.error else text

@@ -19,12 +19,15 @@ operator's job.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 from pathlib import Path
 
 import fsspec
 
+from quorumstore.archive.restore import archived_metadata
+from quorumstore.archive.store import ArchiveStore, is_local
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata
 from quorumstore.storage.durable_files import replace_durably
@@ -32,6 +35,8 @@ from quorumstore.wire import replication as wire
 
 #: What a damaged record's error says to do: the coordinator rebuilds missing metadata
 #: from the replicas' own terms and logs (see `CoordinatorServer.start`).
+log = logging.getLogger(__name__)
+
 _REBUILD_ADVICE = (
     "move it aside and start the coordinator again with the nodes, shard count and "
     "replication factor the cluster was created with: it rebuilds the metadata from the "
@@ -54,9 +59,7 @@ class MetadataStore:
                 f"cannot keep coordinator metadata at {url}: {e}; give a local path or an "
                 "fsspec URL whose filesystem package is installed"
             ) from e
-        self._local = (
-            self._fs.protocol in ("file", ("file", "local")) or "file" in self._fs.protocol
-        )
+        self._local = is_local(self._fs)
         self._lock_fd: int | None = None
 
     @property
@@ -121,3 +124,19 @@ class MetadataStore:
             replace_durably(Path(self._path), data)
         else:
             self._fs.pipe_file(self._path, data)
+
+
+def take_archived(store: MetadataStore, archive: ArchiveStore) -> ClusterMetadata | None:
+    """The metadata last copied to `archive`, saved at `store` (which holds none); None if
+    the archive holds none either. A copy keeps the replicas' incarnations, which a
+    rebuild from the configuration could not know."""
+    metadata = archived_metadata(archive)
+    if metadata is not None:
+        log.warning(
+            "no coordinator metadata at %s: took the copy archived at %s (version %d)",
+            store.url,
+            archive.url,
+            metadata.version,
+        )
+        store.save(metadata)
+    return metadata

@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from quorumstore.archive.store import ArchiveStore
 from quorumstore.backoff import DoublingBackoff
 from quorumstore.coordinator.failure_timeout import (
     DEFAULT_FAILURE_TIMEOUT_MS,
@@ -41,7 +42,7 @@ from quorumstore.coordinator.failure_timeout import (
     check_failure_timeout,
     failure_ticks,
 )
-from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore
+from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore, take_archived
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.coordinator import (
@@ -77,6 +78,8 @@ SAVE_RETRY_MAX_S = 5.0
 #: the connection (unreachable nodes answer at once) before deciding without it whether
 #: replicas exist: a node started later is then checked by its terms alone.
 FIRST_REPORTS_WAIT_S = 3.0
+#: Seconds between two copies of the metadata to the archive.
+ARCHIVE_COPY_INTERVAL_S = 1.0
 #: How long a node's health stream may fail to open before the coordinator says why.
 UNREACHABLE_WARNING_S = 3.0
 
@@ -116,6 +119,9 @@ class CoordinatorServerConfig:
     #: Without saved metadata, how long to wait for every node's first report before
     #: deciding without the silent ones whether replicas exist.
     first_reports_wait_s: float = FIRST_REPORTS_WAIT_S
+    #: The cluster's archive (docs/archive.md): the metadata is copied there, and taken
+    #: from there when `metadata_url` holds none.
+    archive_url: str | None = None
 
     def __post_init__(self) -> None:
         check_failure_timeout(self.failure_timeout_ms, self.tick_ms)
@@ -258,6 +264,10 @@ class CoordinatorServer:
     def __init__(self, config: CoordinatorServerConfig):
         self.config = config
         self.store = MetadataStore(config.metadata_url)
+        self.archive = None if config.archive_url is None else ArchiveStore(config.archive_url)
+        #: The metadata saved last and not yet copied to the archive.
+        self._archive_pending: ClusterMetadata | None = None
+        self._archive_wakeup = asyncio.Event()
         self.engine: Coordinator | None = None
         self._links: dict[str, _NodeLink] = {}
         self._reports: dict[str, pb.HealthReport] = {}
@@ -332,6 +342,8 @@ class CoordinatorServer:
         for name, internal in self.addresses.internal.items():
             self._links[name] = _NodeLink(self, name, internal)
         metadata = await loop.run_in_executor(None, self.store.load)
+        if metadata is None and self.archive is not None:
+            metadata = await loop.run_in_executor(None, take_archived, self.store, self.archive)
         if metadata is None:
             metadata = await self._new_metadata()
             await loop.run_in_executor(None, self.store.save, metadata)
@@ -356,6 +368,9 @@ class CoordinatorServer:
             node_failure_ticks=self.config.node_failure_ticks,
         )
         self.engine = Coordinator(self.config.nodes, metadata, config)
+        if self.archive is not None:
+            self._archived(metadata)
+            self._spawn(self._archive_loop(self.archive))
         for status in self._early_reports.values():
             if status is not None:
                 self.engine.step(status)
@@ -528,6 +543,7 @@ class CoordinatorServer:
         while True:
             try:
                 await loop.run_in_executor(None, self.store.save, metadata)
+                self._archived(metadata)
                 return
             except Exception as e:  # noqa: BLE001 - any failure to persist is retried
                 delay = backoff.delay_after()
@@ -599,6 +615,31 @@ class CoordinatorServer:
                 log.debug("pushing assignments to %s failed: %s", node, e.code())
 
         await asyncio.gather(*(push(node) for node in nodes))
+
+    def _archived(self, metadata: ClusterMetadata) -> None:
+        """Has `metadata`, now saved, copied to the archive (`_archive_loop`)."""
+        if self.archive is not None:
+            self._archive_pending = metadata
+            self._archive_wakeup.set()
+
+    async def _archive_loop(self, archive: ArchiveStore) -> None:
+        """Copies the latest saved metadata to the archive, at most once a second and off
+        the save path: a restore needs the ensembles, and the archive may be unreachable."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._archive_wakeup.wait()
+            self._archive_wakeup.clear()
+            metadata, self._archive_pending = self._archive_pending, None
+            if metadata is not None:
+                data = wire.metadata_to_pb(metadata).SerializeToString()
+                try:
+                    await loop.run_in_executor(None, archive.save_metadata, data)
+                except Exception as e:  # noqa: BLE001 - retried with the next save or in a second
+                    log.warning("copying the metadata to the archive %s failed: %s", archive.url, e)
+                    if self._archive_pending is None:
+                        self._archive_pending = metadata
+                    self._archive_wakeup.set()
+            await asyncio.sleep(ARCHIVE_COPY_INTERVAL_S)
 
     # ------------------------------------------------------------------ status
 

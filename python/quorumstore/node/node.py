@@ -27,6 +27,8 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 
+from quorumstore.archive.shipper import ArchiveSettings, ArchiveShipper
+from quorumstore.archive.store import ArchiveStore
 from quorumstore.node import data_format
 from quorumstore.node.auth.check import AuthConfig, TokenCheck
 from quorumstore.node.call_limits import CallLimits
@@ -47,6 +49,7 @@ from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.messages import Message, ShardKey
 from quorumstore.protocol.replica import ReplicaConfig
+from quorumstore.storage.replica_files import replica_dir
 from quorumstore.storage.rocks_kv import DEFAULT_KV_MEMORY_BYTES, KvMemory
 from quorumstore.wire import replication as wire
 from quorumstore.wire.addresses import host_port
@@ -98,6 +101,9 @@ class NodeConfig:
     relay_timeout_ms: int = DEFAULT_RELAY_TIMEOUT_MS
     #: What one request, connection and client may take of the client port (docs/limits.md).
     limits: RequestLimits = field(default_factory=RequestLimits)
+    #: Where the shards this node leads are archived (an fsspec URL); None: nowhere.
+    archive_url: str | None = None
+    archive: ArchiveSettings = field(default_factory=ArchiveSettings)
 
 
 class Node:
@@ -124,6 +130,11 @@ class Node:
         self._data_api: QuorumstoreDataServicer | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self._registration: asyncio.Task[None] | None = None
+        #: Ships the shards led here to `archive_url` (on threads of its own: an upload
+        #: waiting on an unreachable archive must not hold the fsyncs).
+        self.archive: ArchiveShipper | None = None
+        self._archive_io: ThreadPoolExecutor | None = None
+        self._archive_task: asyncio.Task[None] | None = None
         #: Set to the first ReplicaFailure of a shard hosted here (see `wait`).
         self._failure: asyncio.Future[None] | None = None
         self._assignments = pb.ShardAssignmentsUpdate(version=-1)
@@ -182,11 +193,22 @@ class Node:
         self.internal_address = host_port(config.advertise_host or config.host, internal_port)
         self.transport.set_addresses({self.name: self.internal_address}, {self.name: self.address})
         _import_pyarrow_pandas_shim()
+        if config.archive_url is not None:
+            self._archive_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qs-archive")
+            self.archive = ArchiveShipper(
+                ArchiveStore(config.archive_url),
+                config.archive,
+                lambda: list(self.hosts.values()),
+                self._archive_io,
+                self.name,
+            )
         self._failure = asyncio.get_running_loop().create_future()
         self._open_existing_shards()
         await self._server.start()
         await self._internal.start()
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
+        if self.archive is not None:
+            self._archive_task = asyncio.get_running_loop().create_task(self.archive.run())
         if config.coordinator is not None:
             self._registration = asyncio.get_running_loop().create_task(
                 keep_registered(self, config.coordinator, self.membership)
@@ -201,7 +223,7 @@ class Node:
         return self.address
 
     async def stop(self) -> None:
-        for task in (self._tick_task, self._registration):
+        for task in (self._tick_task, self._registration, self._archive_task):
             if task is not None:
                 task.cancel()
         for server in (self._server, self._internal):
@@ -218,6 +240,9 @@ class Node:
                 log.exception("node %s: closing shard %s failed", self.name, host.shard)
         self._io.shutdown(wait=True)
         self._apply.shutdown(wait=True)
+        if self._archive_io is not None:
+            # An upload may hang on an unreachable archive; the archive never needs it.
+            self._archive_io.shutdown(wait=False, cancel_futures=True)
 
     async def wait(self) -> None:
         """Returns when the server stops; raises ReplicaFailure once a shard replica here
@@ -262,7 +287,7 @@ class Node:
     # ------------------------------------------------------------------ shards
 
     def _shard_dir(self, shard: ShardKey) -> Path:
-        return self.config.data_dir / "shards" / shard[0] / str(shard[1])
+        return replica_dir(self.config.data_dir, shard)
 
     def _open_existing_shards(self) -> None:
         root = self.config.data_dir / "shards"
@@ -286,6 +311,9 @@ class Node:
             replica_config=ReplicaConfig(),
             retention=self.config.wal_retention,
             kv_memory=self.kv_memory,
+            archive_gate=self.archive.archived
+            if self.archive is not None and self.config.archive.sync
+            else None,
         )
         self.hosts[shard] = host
         return host
@@ -336,10 +364,22 @@ class Node:
             internal_address=self.internal_address,
             sequence=self._report_sequence,
             ping_sequence=ping_sequence,
-            shards=[
-                wire.shard_status_to_pb(h.replica.status()) for _, h in sorted(self.hosts.items())
-            ],
+            shards=[self._shard_status(h) for _, h in sorted(self.hosts.items())],
         )
+
+    def _shard_status(self, host: ShardHost) -> pb.ShardStatus:
+        status = wire.shard_status_to_pb(host.replica.status())
+        if self.archive is not None and host.is_leader():
+            lag = self.archive.lag(host)
+            status.archive.CopyFrom(
+                pb.ArchiveStatus(
+                    archived_offset=lag.archived_offset,
+                    lag_entries=lag.entries,
+                    lag_seconds=lag.seconds,
+                    error=lag.error,
+                )
+            )
+        return status
 
 
 def _import_pyarrow_pandas_shim() -> None:

@@ -19,8 +19,7 @@ import logging
 import os
 import shutil
 import threading
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Concatenate, ParamSpec, Protocol
@@ -38,8 +37,8 @@ from quorumstore.protocol.messages import (
 )
 from quorumstore.protocol.replica import NotLeaderError, ReplicaConfig, ShardReplica
 from quorumstore.protocol.types import LogEntry, LogPosition, Role
-from quorumstore.storage.durable_files import replace_durably
 from quorumstore.storage.reads import ShardReader
+from quorumstore.storage.replica_files import TERM_FILE, load_incarnation, save_term
 from quorumstore.storage.results import EntryResult
 from quorumstore.storage.rocks_kv import KvMemory, RocksKv
 from quorumstore.storage.state_machine import ShardStateMachine
@@ -56,23 +55,6 @@ _APPLY_CHUNK_ENTRIES = 32
 _APPLY_CHUNK_BYTES = 64 * 1024 * 1024
 #: Committed entries of at least this many bytes in all are applied on a worker thread.
 _APPLY_OFF_LOOP_BYTES = 1024 * 1024
-#: The file in a replica's directory that holds its incarnation (see `_load_incarnation`).
-_INCARNATION_FILE = "incarnation"
-
-
-def _load_incarnation(directory: Path) -> str:
-    """The identity of the replica's data in `directory`, made the first time the replica
-    opens it: a replica whose directory was lost (a disk replaced, a node moved to another
-    host) reports another one, which tells the coordinator that the data it counted on
-    is gone (docs/protocol.md, "Replicas that lose their disk"). A directory made before
-    incarnations existed gets one here and is taken as the data it always held."""
-    path = directory / _INCARNATION_FILE
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        incarnation = uuid.uuid4().hex
-        replace_durably(path, incarnation.encode())
-        return incarnation
 
 
 def _stops_on_failure(
@@ -124,6 +106,7 @@ class ShardHost:
         replica_config: ReplicaConfig = ReplicaConfig(),
         retention: WalRetention = WalRetention(),
         kv_memory: KvMemory | None = None,
+        archive_gate: Callable[[ShardKey, int], Awaitable[bool]] | None = None,
     ):
         self.node = node
         self.shard = shard
@@ -136,8 +119,10 @@ class ShardHost:
         #: Where the WAL's fsyncs run; default: a runner of this shard's own on `io_executor`.
         self._syncs = syncs or SyncRunner(io_executor)
         self._on_failure = on_failure
+        #: With archive-sync: whether a committed entry reached the archive (docs/archive.md).
+        self._archive_gate = archive_gate
         directory.mkdir(parents=True, exist_ok=True)
-        self.incarnation = _load_incarnation(directory)
+        self.incarnation = load_incarnation(directory)
         for leftover in directory.glob("snapshot-staging*"):  # streams cut by a crash
             shutil.rmtree(leftover, ignore_errors=True)
         self._staging_sequence = 0
@@ -146,7 +131,7 @@ class ShardHost:
         self._kv_memory = kv_memory
         self.kv = RocksKv(directory / "kv", kv_memory)
         self.machine = ShardStateMachine(self.kv)
-        self._term_file = directory / "term"
+        self._term_file = directory / TERM_FILE
         self._recover_log()
         applied = self.machine.applied_position
         self.replica = ShardReplica(
@@ -214,7 +199,7 @@ class ShardHost:
             return -1
 
     def _save_term(self, term: int) -> None:
-        replace_durably(self._term_file, str(term).encode())
+        save_term(self.directory, term)
 
     # ------------------------------------------------------------------ inputs
 
@@ -237,7 +222,15 @@ class ShardHost:
         self._maybe_trim()
 
     async def write(self, payload: bytes) -> EntryResult:
-        """Replicates one write batch; resolves once it is committed and applied."""
+        """Replicates one write batch; resolves once it is committed and applied, and with
+        archive-sync once it is archived (NotLeaderError if this replica stops leading
+        first: the entry is committed, and a retry with its serial finds it)."""
+        offset, result = await self._replicate(payload)
+        if self._archive_gate is not None and not await self._archive_gate(self.shard, offset):
+            raise self._not_leader()
+        return result
+
+    async def _replicate(self, payload: bytes) -> tuple[int, EntryResult]:
         if self._closed:
             raise NotLeaderError(self.shard, Role.NOT_MEMBER, self.replica.term, None)
         try:
@@ -248,7 +241,7 @@ class ShardHost:
         self._pending[offset] = future
         self._pending_term = self.replica.term
         self._schedule_processing()
-        return await future
+        return offset, await future
 
     async def read_barrier(self) -> None:
         """Returns once a no-op entry proposed after the call has committed in this
@@ -268,7 +261,8 @@ class ShardHost:
 
     async def _propose_barrier(self) -> EntryResult:
         self._next_barrier = None  # a read from now on needs an entry proposed after it
-        return await self.write(_NOOP)
+        _, result = await self._replicate(_NOOP)  # a read waits for no archive
+        return result
 
     def is_leader(self) -> bool:
         return self.replica.role is Role.LEADER

@@ -220,7 +220,7 @@ class HealthPing(_message.Message):
     def __init__(self, ping_sequence: _Optional[int] = ..., internal_addresses: _Optional[_Mapping[str, str]] = ..., client_addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("namespace", "shard", "term", "role", "head", "commit_offset", "followers", "node", "incarnation")
+    __slots__ = ("namespace", "shard", "term", "role", "head", "commit_offset", "followers", "node", "incarnation", "archive")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +230,7 @@ class ShardStatus(_message.Message):
     FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     shard: int
     term: int
@@ -239,7 +240,20 @@ class ShardStatus(_message.Message):
     followers: _containers.RepeatedCompositeFieldContainer[FollowerStatus]
     node: str
     incarnation: str
-    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., node: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    archive: ArchiveStatus
+    def __init__(self, namespace: _Optional[str] = ..., shard: _Optional[int] = ..., term: _Optional[int] = ..., role: _Optional[_Union[ReplicaRole, str]] = ..., head: _Optional[_Union[LogPosition, _Mapping]] = ..., commit_offset: _Optional[int] = ..., followers: _Optional[_Iterable[_Union[FollowerStatus, _Mapping]]] = ..., node: _Optional[str] = ..., incarnation: _Optional[str] = ..., archive: _Optional[_Union[ArchiveStatus, _Mapping]] = ...) -> None: ...
+
+class ArchiveStatus(_message.Message):
+    __slots__ = ("archived_offset", "lag_entries", "lag_seconds", "error")
+    ARCHIVED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    archived_offset: int
+    lag_entries: int
+    lag_seconds: float
+    error: str
+    def __init__(self, archived_offset: _Optional[int] = ..., lag_entries: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class HealthReport(_message.Message):
     __slots__ = ("node_name", "sequence", "shards", "ping_sequence", "internal_address", "client_address")
