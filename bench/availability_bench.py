@@ -40,9 +40,7 @@ from spark_availability import SPARK_KINDS, measure_spark, spark_session
 
 
 def report(result: RunResult) -> bool:
-    print(result.summary(), flush=True)
-    for line in result.fault_lines():
-        print(line)
+    print(result.report(), flush=True)
     rates = ", ".join(f"{n:.0f}" for n in result.faulty.per_second)
     print(f"  {result.unit} in each second under faults: {rates}", flush=True)
     return result.holds

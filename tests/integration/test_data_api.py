@@ -422,7 +422,7 @@ def test_publishing_rows_that_are_not_staged_fails_cleanly(client: DataClient) -
         client.publish(
             0, write_id, [("p9-a9", 1, 10)], origin=ClientSerial(f"spark-write/{write_id}", 0)
         )
-    assert caught.value.code == grpc.StatusCode.UNAVAILABLE  # retried, then given up
+    assert caught.value.code == grpc.StatusCode.ABORTED  # not retried: no retry finds them
     assert "not on this node" in str(caught.value)
 
 

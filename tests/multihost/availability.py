@@ -377,11 +377,18 @@ class RunResult:
 
     @property
     def holds(self) -> bool:
+        return self.holds_within(0.0)
+
+    def holds_within(self, allowance_s: float) -> bool:
+        """Whether the run met the criterion with `allowance_s` more for each recovery."""
         return (
             self.correct
             and self.share_above >= SECONDS_ABOVE_FLOOR
-            and all(r <= self.recovery_bound_s for r in self.recoveries)
+            and all(r <= self.recovery_bound_s + allowance_s for r in self.recoveries)
         )
+
+    def report(self) -> str:
+        return "\n".join([self.summary(), *self.fault_lines()])
 
     def summary(self) -> str:
         recoveries = sorted(self.recoveries)

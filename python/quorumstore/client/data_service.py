@@ -66,9 +66,11 @@ _BACKOFF_S = (0.05, 1.0)
 #: newer leader was elected, and how often again (see `discovery.LEADER_CHECK_S`).
 LEADER_CHECK_S = 0.3
 LEADER_RECHECK_S = 0.1
-#: How long a call that any replica may serve waits for an answer before it is sent
-#: to another replica.
-REPLICA_ANSWER_S = 0.5
+#: How long a call that any replica may serve waits for an answer before its node is
+#: checked (and may be left for another replica).
+REPLICA_ANSWER_S = 0.3
+#: How long a check waits for a node to list the shards.
+_CHECK_ANSWER_S = 0.2
 #: How long a node that held a call stays last in the order replicas are asked in, by
 #: every client of the process (a Spark task's or query's client lives for one call).
 SUSPECT_S = 10.0
@@ -288,7 +290,7 @@ class DataClient:
                         node, CLIENT_CHANNEL_OPTIONS, self._tls, self._token
                     )
                 stub = pb_grpc.QuorumstoreDataStub(channels[node])
-                futures[node] = stub.ListShards.future(request, timeout=LEADER_CHECK_S)
+                futures[node] = stub.ListShards.future(request, timeout=_CHECK_ANSWER_S)
         terms: dict[str, tuple[int, str]] = {}
         for node, future in futures.items():
             try:

@@ -143,8 +143,8 @@ class StagedRows:
                 try:
                     data = path.read_bytes()
                 except FileNotFoundError:
-                    raise Refused(
-                        grpc.StatusCode.FAILED_PRECONDITION,
+                    raise Refused(  # ABORTED: no retry of the publish can find it
+                        grpc.StatusCode.ABORTED,
                         f"staged chunk {chunk} of part {part.part!r} of write {write_id} is not on "
                         f"this node (shard {namespace}/{shard}): the leader changed since it was "
                         "staged, or it was discarded; the write must be retried as a whole",

@@ -155,9 +155,9 @@ class ArrowWrites:
             ) from None
         if result.invalid is not None:  # proposed despite the checks above: a bug
             raise invalid(f"shard {ns}/{shard}: {result.invalid}")
-        if result.refused is not None:
+        if result.refused is not None:  # ABORTED: not retried here, unlike "not leader"
             raise Refused(
-                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.ABORTED,
                 f"shard {ns}/{shard}: {result.refused}; the write must be retried as a whole",
             )
         if which == "staged":
