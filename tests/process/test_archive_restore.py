@@ -239,7 +239,10 @@ def test_kill9_during_uploads_leaves_a_consistent_archive(tmp_path: Path) -> Non
 
 def test_point_in_time_restore_equals_what_was_read_then(tmp_path: Path) -> None:
     archive = str(tmp_path / "archive")
+    # Snapshots every 30 entries, all kept: retention must not drop the one before `at`
+    # (each put may be an entry of its own, 160 entries in all).
     flags = ["--archive-url", archive, "--archive-snapshot-entries", "30"]
+    flags += ["--archive-keep-snapshots", "100"]
     keys = [f"/pit/{i:03d}" for i in range(120)]
     with standalone(tmp_path / "data", *flags) as server:
         _wait_archived(server)  # the first snapshot: the archive reaches back to it
