@@ -34,7 +34,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path[:0] = [str(TESTS), str(TESTS / "multihost")]
 
-from availability import CLIENT_KINDS, RunResult, measure, started_cluster
+from availability import CLIENT_KINDS, RunResult, measure, running_cluster
 from netns import Hosts
 from spark_availability import SPARK_KINDS, measure_spark, spark_session
 
@@ -62,15 +62,11 @@ def main() -> int:
     held = True
     with Hosts(4) as hosts:
         for kind in [k for k in kinds if k in CLIENT_KINDS]:
-            cluster = started_cluster(hosts, base / kind)
-            try:
+            with running_cluster(hosts, base / kind) as cluster:
                 held &= report(measure(hosts, cluster, kind, args.seconds, args.seed))
-            finally:
-                cluster.close()
         spark_kinds = [k for k in kinds if k in SPARK_KINDS]
         if spark_kinds:  # one cluster and one session: a JVM loads the provider jar once
-            cluster = started_cluster(hosts, base / "spark")
-            try:
+            with running_cluster(hosts, base / "spark") as cluster:
                 spark = spark_session(",".join(cluster.nodes), base / "spark-local")
                 for kind in spark_kinds:
                     result = measure_spark(
@@ -78,8 +74,6 @@ def main() -> int:
                     )
                     held &= report(result)
                 spark.stop()
-            finally:
-                cluster.close()
     print(f"criterion {'met' if held else 'NOT met'} by every kind run (seed {args.seed})")
     return 0 if held else 1
 

@@ -22,6 +22,7 @@ from the fault until every shard has answered an operation invoked after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import statistics
@@ -480,13 +481,18 @@ def measure(hosts: Hosts, cluster: LocalCluster, kind: str, seconds: float, seed
     )
 
 
-def started_cluster(hosts: Hosts, root: Any) -> LocalCluster:
-    """A 3-node cluster (3 shards, replication factor 3) on hosts[0..2], its coordinator on
-    hosts[3]."""
+@contextlib.contextmanager
+def running_cluster(hosts: Hosts, root: Any) -> Iterator[LocalCluster]:
+    """A started 3-node cluster (3 shards, replication factor 3) on hosts[0..2], its
+    coordinator on hosts[3]; afterwards every fault is healed and every process stopped
+    (the hosts' faults printed first if the block raised)."""
     cluster = LocalCluster(root, nodes=3, shards=SHARDS, replication_factor=3, places=list(hosts))
     try:
         cluster.start()
+        yield cluster
     except BaseException:
-        cluster.close()
+        print(hosts.describe())
         raise
-    return cluster
+    finally:
+        hosts.heal_all()
+        cluster.close()

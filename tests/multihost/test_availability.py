@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from availability import CLIENT_KINDS, measure, started_cluster
+from availability import CLIENT_KINDS, measure, running_cluster
 from netns import Hosts
 from spark_availability import SPARK_KINDS, measure_spark, spark_session
 
@@ -51,8 +51,7 @@ def test_a_client_whose_map_comes_from_a_cut_off_leader_finds_the_new_one(
     cannot answer the read (it cannot commit in its term), so the client must ask the
     other nodes for the shard's new leader: the read completes within the failure
     timeout plus a second."""
-    cluster = started_cluster(four_hosts, tmp_path)
-    try:
+    with running_cluster(four_hosts, tmp_path) as cluster:
         leader = cluster.leader_of(0)
         assert leader is not None
         host = four_hosts[cluster.nodes.index(leader)]
@@ -65,9 +64,6 @@ def test_a_client_whose_map_comes_from_a_cut_off_leader_finds_the_new_one(
             waited_s = time.monotonic() - started
             four_hosts.heal_partition()
         assert waited_s <= 1.5, f"the read waited {waited_s:.2f} s for the new leader"
-    finally:
-        four_hosts.heal_all()
-        cluster.close()
 
 
 @pytest.mark.timeout(2 * SECONDS + 240)
@@ -76,15 +72,8 @@ def test_each_client_kind_rides_out_node_faults(
     kind: str, four_hosts: Hosts, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     print(f"availability seed {SEED} (replay: QS_AVAILABILITY_SEED={SEED})")
-    cluster = started_cluster(four_hosts, tmp_path)
-    try:
+    with running_cluster(four_hosts, tmp_path) as cluster:
         result = measure(four_hosts, cluster, kind, SECONDS, SEED)
-    except BaseException:
-        print(four_hosts.describe())
-        raise
-    finally:
-        four_hosts.heal_all()
-        cluster.close()
     with capsys.disabled():
         print(f"\n{result.report()}")
     assert result.holds_within(LOAD_ALLOWANCE_S), result.report()
@@ -97,9 +86,8 @@ def test_each_spark_client_kind_rides_out_node_faults(
     """The JVM state-store provider, the DataFrame sink and source, and the change feed,
     in one Spark session against one cluster (spark_availability.py)."""
     print(f"availability seed {SEED} (replay: QS_AVAILABILITY_SEED={SEED})")
-    cluster = started_cluster(four_hosts, tmp_path / "cluster")
     reports, failed = [], []
-    try:
+    with running_cluster(four_hosts, tmp_path / "cluster") as cluster:
         spark = spark_session(",".join(cluster.nodes), tmp_path / "spark-local")
         try:
             for kind in SPARK_KINDS:
@@ -114,12 +102,6 @@ def test_each_spark_client_kind_rides_out_node_faults(
                     failed.append(kind)
         finally:
             spark.stop()
-    except BaseException:
-        print(four_hosts.describe())
-        raise
-    finally:
-        four_hosts.heal_all()
-        cluster.close()
     with capsys.disabled():
         print("\n" + "\n".join(reports))
     assert not failed, "\n".join(reports)
