@@ -45,7 +45,7 @@ from quorumstore.verification.recorder import OfficialClient, OurClient, Recorde
 #: random source, and appends a line per fault to the log; it leaves everything healed.
 Nemesis = Callable[[LocalCluster, random.Random, threading.Event, list[str]], None]
 
-#: Register keys per shard (both clients route them to that shard; see _register_keys).
+#: Register keys per shard (both clients route them to that shard; see agreed_keys).
 REGISTER_KEYS_PER_SHARD = 3
 OUR_REGISTER_WORKERS = 3
 OFFICIAL_REGISTER_WORKERS = 2
@@ -58,24 +58,27 @@ FINISH_TIMEOUT_S = 60.0
 MAX_STATES = 500_000
 
 
-def _register_keys(ours: Client, official: Any, shards: int) -> list[str]:
-    """Keys that both clients route to the same shard, REGISTER_KEYS_PER_SHARD per shard.
+def agreed_keys(
+    ours: Client, official: Any, shards: int, per_shard: int, prefix: str
+) -> dict[str, int]:
+    """`per_shard` keys of each shard (`prefix` and a number) that both clients route to
+    that shard: key -> shard.
 
     The official client 0.2.1 hashes keys with XXH64 where Oxia's servers and its other
     clients use XXH3 (see quorumstore/client/routing.py): on about half the keys of a
     2-shard cluster it writes and reads another shard than every other client, so the
     two see two registers under one key (the first run of this campaign showed it as
-    deletes answering existed=False and two records created under one key). The
-    campaign shares only the keys on which they agree.
+    deletes answering existed=False and two records created under one key). Workloads
+    that drive both share only the keys on which they agree.
     """
-    per_shard: dict[int, list[str]] = defaultdict(list)
+    found: dict[int, list[str]] = defaultdict(list)
     for i in itertools.count():
-        key = f"/reg/{i}"
+        key = f"{prefix}{i}"
         shard = ours.shard_for(key)
         if shard == official._service_discovery.get_shard(key).shard:  # its own routing
-            per_shard[shard].append(key)
-        if all(len(per_shard[s]) >= REGISTER_KEYS_PER_SHARD for s in range(shards)):
-            return sorted(k for keys in per_shard.values() for k in keys[:REGISTER_KEYS_PER_SHARD])
+            found[shard].append(key)
+        if all(len(found[s]) >= per_shard for s in range(shards)):
+            return {k: s for s in range(shards) for k in found[s][:per_shard]}
     raise AssertionError("unreachable: itertools.count() does not end")
 
 
@@ -171,7 +174,7 @@ def run_campaign(
         official_oxia_client(cluster.nodes[i % len(cluster.nodes)])
         for i in range(OFFICIAL_REGISTER_WORKERS)
     ]
-    keys = _register_keys(ours, official[0], cluster.shards)
+    keys = sorted(agreed_keys(ours, official[0], cluster.shards, REGISTER_KEYS_PER_SHARD, "/reg/"))
     print(f"register keys: {', '.join(keys)}")
     workers: list[threading.Thread] = []
     process = 1

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from netns import Host, Hosts
 
+from campaign import agreed_keys
 from cluster_harness import LocalCluster, close_in_background
 from quorumstore import AsyncClient, Client
 from quorumstore.testing import official_oxia_client
@@ -85,26 +86,17 @@ class RecordingClient(Protocol):
     def get(self, key: str) -> Completion: ...
 
 
-def agreed_keys(cluster: LocalCluster) -> dict[str, int]:
+def keys_of_both_clients(cluster: LocalCluster) -> dict[str, int]:
     """KEYS keys, spread over the shards, that quorumstore's client and the official one
-    (which hashes with XXH64, not Oxia's XXH3) both route to the same shard: key ->
-    shard."""
+    route to the same shard (`campaign.agreed_keys`): key -> shard."""
     official = official_oxia_client(cluster.nodes[0])
     try:
         with Client(",".join(cluster.nodes)) as ours:
-            per_shard: dict[int, list[str]] = {s: [] for s in range(cluster.shards)}
-            for i in itertools.count():
-                key = f"/avail/{i}"
-                shard = ours.shard_for(key)
-                if shard == official._service_discovery.get_shard(key).shard:
-                    per_shard[shard].append(key)
-                wanted = -(-KEYS // cluster.shards)
-                if all(len(keys) >= wanted for keys in per_shard.values()):
-                    break
+            per_shard = -(-KEYS // cluster.shards)
+            chosen = agreed_keys(ours, official, cluster.shards, per_shard, "/avail/")
     finally:
         close_in_background(official)
-    chosen = [(k, s) for s, keys in per_shard.items() for k in keys[: -(-KEYS // cluster.shards)]]
-    return dict(chosen[:KEYS])
+    return dict(list(chosen.items())[:KEYS])
 
 
 class _Choices:
@@ -451,7 +443,7 @@ def run_phases(hosts: Hosts, cluster: LocalCluster, seconds: float, seed: int) -
 def measure(hosts: Hosts, cluster: LocalCluster, kind: str, seconds: float, seed: int) -> RunResult:
     """A fault-free phase and a faulty phase of `seconds` each, with the `kind` of client,
     on the started `cluster` whose nodes are on `hosts`."""
-    shard_of = agreed_keys(cluster)
+    shard_of = keys_of_both_clients(cluster)
     recorder = Recorder()
     stop_workers = CLIENT_KINDS[kind](cluster, sorted(shard_of), recorder, seed)
     try:
