@@ -134,6 +134,15 @@ def test_settings_come_from_arguments_then_spark_conf_then_defaults(tmp_path: Pa
     sizes = {"1g": 1 << 30, "512m": 512 << 20, "64MB": 64 << 20, "4096": 4096, " 8k ": 8192}
     for text, size in sizes.items():
         assert HostingConfig.resolve({"spark.quorumstore.kvMemory": text}).kv_memory_bytes == size
+    assert on_cluster.archive_url is None
+    archived = HostingConfig.resolve(
+        {"spark.quorumstore.archiveUrl": "s3://bucket/qs", "spark.quorumstore.archiveSync": "true"},
+        archive_sync=False,
+    )
+    assert (archived.archive_url, archived.archive.sync) == ("s3://bucket/qs", False)
+    # A local archive path is made absolute on the driver, as the data directory is.
+    local = HostingConfig.resolve({"spark.quorumstore.archiveKeepSnapshots": "5"}, archive_url="a")
+    assert (local.archive_url, local.archive.keep_snapshots) == (str(Path.cwd() / "a"), 5)
 
 
 HOST = "127.0.0.1"
@@ -191,6 +200,14 @@ def test_the_failure_timeout_reaches_the_coordinator_in_ticks() -> None:
             "failureTimeout: the node failure timeout must be at least 200 ms",
         ),
         ({"spark.quorumstore.failureTimeout": "nan"}, "failureTimeout must be a duration"),
+        (
+            {"spark.quorumstore.archiveSync": "true"},
+            "spark.quorumstore.archiveSync needs spark.quorumstore.archiveUrl",
+        ),
+        (
+            {"spark.quorumstore.archiveUrl": "/a", "spark.quorumstore.archiveSnapshotEntries": "0"},
+            "archiveSnapshotEntries and spark.quorumstore.archiveKeepSnapshots must be at least 1",
+        ),
     ],
 )
 def test_bad_settings_are_named(conf: dict[str, str], message: str) -> None:

@@ -23,15 +23,21 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from quorumstore.archive.manifest import ArchiveError, RestorePlan, plan_restore
+from quorumstore.archive.manifest import ArchiveError, Manifest, RestorePlan, plan_restore
 from quorumstore.archive.objects import check_chain, decode_segment, read_framed_chunks
 from quorumstore.archive.store import ArchiveStore
 from quorumstore.proto import replication_pb2 as pb
-from quorumstore.protocol.coordinator import ClusterMetadata, ShardState, placed_nodes
+from quorumstore.protocol.coordinator import (
+    ClusterMetadata,
+    ShardMetadata,
+    ShardState,
+    placed_nodes,
+)
 from quorumstore.protocol.messages import ShardKey
 from quorumstore.protocol.types import LogPosition
 from quorumstore.storage.durable_files import replace_durably
@@ -45,6 +51,8 @@ from quorumstore.wire.addresses import host_of
 
 #: Where `standalone` and `cluster` keep the coordinator's metadata in their data directory.
 METADATA_PATH = Path("coordinator") / "metadata.pb"
+#: The file naming the `LatestRestore` that built a node's directory.
+RESTORE_MARKER = "restored-by"
 #: Entries applied per call while restoring.
 _APPLY_BATCH = 256
 
@@ -81,7 +89,137 @@ def restore_cluster(
 ) -> ClusterMetadata:
     """Builds `data_dir` from the archive at `time_ms`, at `offsets` (shard -> last offset;
     shards not named: their last archived entry), or at the last archived entries."""
-    offsets = dict(offsets or {})
+    if holds_cluster_data(data_dir):
+        raise ArchiveError(
+            f"{data_dir} already holds cluster data; restore into a new directory (a restore "
+            "never mixes with data it did not write)"
+        )
+    metadata, plans = _plan(store, time_ms, dict(offsets or {}))
+    staging = data_dir.with_name(data_dir.name + ".restoring")
+    shutil.rmtree(staging, ignore_errors=True)
+    dirs = node_dirs(metadata)
+    shards = {}
+    with store_errors(store):
+        for key, plan in plans.items():
+            shard = metadata.shards[key]
+            replicas = [replica_dir(staging / dirs[member], key) for member in shard.ensemble]
+            position = install_replicas(store, key, plan, replicas, shard.term, progress)
+            shards[key] = restored_shard(shard, position)
+    restored = ClusterMetadata(metadata.version + 1, shards)
+    replace_durably(staging / METADATA_PATH, wire.metadata_to_pb(restored).SerializeToString())
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for child in staging.iterdir():
+        os.replace(child, data_dir / child.name)
+    staging.rmdir()
+    return restored
+
+
+@dataclass(frozen=True)
+class LatestRestore:
+    """A restore of a whole cluster at its last archived entries, planned in one place
+    and carried out on every node's own host (a Spark-hosted cluster's nodes run on
+    executors the driver cannot write to).
+
+    The plan pins each shard's snapshot, segments and last offset, so every replica of
+    a shard is rebuilt at the same position wherever it is rebuilt; `metadata` is the
+    restored cluster's (the same new epoch `restore_cluster` writes)."""
+
+    archive_url: str
+    #: Names this restore in the directories it builds, so that a node that restarts
+    #: after its restore does not restore again over newer writes.
+    restore_id: str
+    metadata: ClusterMetadata
+    plans: Mapping[ShardKey, RestorePlan]
+
+    @staticmethod
+    def plan(store: ArchiveStore) -> LatestRestore:
+        """The restore of the archive at `store` at its last archived entries."""
+        metadata, plans = _plan(store, None, {})
+        with store_errors(store):
+            heads = {key: _manifest(store, key).head for key in plans}
+        shards = {key: restored_shard(metadata.shards[key], heads[key]) for key in plans}
+        return LatestRestore(
+            store.url, uuid.uuid4().hex, ClusterMetadata(metadata.version + 1, shards), plans
+        )
+
+    def rebuild_member(
+        self, member: str, node_dir: Path, progress: Callable[[str], None] = lambda line: None
+    ) -> None:
+        """Builds `node_dir` (which must not exist) as `member`'s data after the restore:
+        a replica of every shard whose ensemble holds it. Built beside it and moved into
+        place at the end, as `restore_cluster` does."""
+        store = ArchiveStore(self.archive_url)
+        staging = node_dir.with_name(node_dir.name + ".restoring")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        with store_errors(store):
+            for key, plan in self.plans.items():
+                shard = self.metadata.shards[key]
+                if member not in shard.ensemble:
+                    continue
+                replica = replica_dir(staging, key)
+                position = install_replicas(store, key, plan, [replica], shard.term, progress)
+                if position.offset != shard.known_commit_offset:
+                    raise ArchiveError(
+                        f"shard {key[0]}/{key[1]} was rebuilt at offset {position.offset}, not "
+                        f"at {shard.known_commit_offset} as planned"
+                    )
+        replace_durably(staging / RESTORE_MARKER, self.restore_id.encode())
+        os.replace(staging, node_dir)
+
+    def rebuilt(self, node_dir: Path) -> bool:
+        """Whether `node_dir` is this restore's work (its node restarted since)."""
+        try:
+            return (node_dir / RESTORE_MARKER).read_text() == self.restore_id
+        except OSError:
+            return False
+
+
+def restored_shard(shard: ShardMetadata, position: LogPosition) -> ShardMetadata:
+    """`shard` as a restore at `position` leaves it: a new epoch (docs/protocol.md) whose
+    every member holds `position` and is counted, with no incarnation recorded yet."""
+    return replace(
+        shard,
+        term=max(position.term, shard.term),
+        leader=None,
+        state=ShardState.ELECTION,
+        eligible=frozenset(shard.ensemble),
+        known_commit_offset=position.offset,
+        incarnations={},
+    )
+
+
+def install_replicas(
+    store: ArchiveStore,
+    key: ShardKey,
+    plan: RestorePlan,
+    replicas: Sequence[Path],
+    term: int,
+    progress: Callable[[str], None],
+) -> LogPosition:
+    """Rebuilds shard `key` once by `plan` and makes each of `replicas` (replica
+    directories, not existing yet) a copy of it at the rebuilt position, in a term of
+    at least `term`, under a new incarnation; returns the position."""
+    work = replicas[0].parent / f".{replicas[0].name}.rebuilding"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        position = rebuild_shard(store, key, plan, work, progress)
+        for directory in replicas:
+            shutil.copytree(work, directory / "kv")
+            with Wal.open(directory / "wal") as wal:
+                wal.reset(position)
+            save_term(directory, max(position.term, term))
+            new_incarnation(directory)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    progress(f"shard {key[0]}/{key[1]}: restored at offset {position.offset}")
+    return position
+
+
+def _plan(
+    store: ArchiveStore, time_ms: int | None, offsets: Mapping[ShardKey, int]
+) -> tuple[ClusterMetadata, dict[ShardKey, RestorePlan]]:
+    """The archived metadata and each shard's plan at the point."""
     metadata = archived_metadata(store)
     if metadata is None:
         raise ArchiveError(f"nothing is archived at {store.url} (no cluster metadata there)")
@@ -91,54 +229,19 @@ def restore_cluster(
             f"the archive at {store.url} holds no shard {', '.join(f'{n}/{i}' for n, i in unknown)}; "
             f"its shards are {', '.join(f'{n}/{i}' for n, i in sorted(metadata.shards))}"
         )
-    if holds_cluster_data(data_dir):
-        raise ArchiveError(
-            f"{data_dir} already holds cluster data; restore into a new directory (a restore "
-            "never mixes with data it did not write)"
-        )
     with store_errors(store):
-        plans = {}
-        for key in sorted(metadata.shards):
-            manifest = store.load_manifest(key)
-            if manifest is None:
-                raise ArchiveError(
-                    f"shard {key[0]}/{key[1]} has nothing in the archive at {store.url}"
-                )
-            plans[key] = plan_restore(manifest, offsets.get(key), time_ms)
-        staging = data_dir.with_name(data_dir.name + ".restoring")
-        shutil.rmtree(staging, ignore_errors=True)
-        dirs = node_dirs(metadata)
-        shards = {}
-        for key, plan in plans.items():
-            shard = metadata.shards[key]
-            work = staging / "work"
-            position = _rebuild_shard(store, key, plan, work / "kv", progress)
-            term = max(position.term, shard.term)
-            for member in shard.ensemble:
-                directory = replica_dir(staging / dirs[member], key)
-                shutil.copytree(work / "kv", directory / "kv")
-                with Wal.open(directory / "wal") as wal:
-                    wal.reset(position)
-                save_term(directory, term)
-                new_incarnation(directory)
-            shutil.rmtree(work)
-            shards[key] = replace(
-                shard,
-                term=term,
-                leader=None,
-                state=ShardState.ELECTION,
-                eligible=frozenset(shard.ensemble),
-                known_commit_offset=position.offset,
-                incarnations={},
-            )
-            progress(f"shard {key[0]}/{key[1]}: restored at offset {position.offset}")
-    restored = ClusterMetadata(metadata.version + 1, shards)
-    replace_durably(staging / METADATA_PATH, wire.metadata_to_pb(restored).SerializeToString())
-    data_dir.mkdir(parents=True, exist_ok=True)
-    for child in staging.iterdir():
-        os.replace(child, data_dir / child.name)
-    staging.rmdir()
-    return restored
+        plans = {
+            key: plan_restore(_manifest(store, key), offsets.get(key), time_ms)
+            for key in sorted(metadata.shards)
+        }
+    return metadata, plans
+
+
+def _manifest(store: ArchiveStore, key: ShardKey) -> Manifest:
+    manifest = store.load_manifest(key)
+    if manifest is None:
+        raise ArchiveError(f"shard {key[0]}/{key[1]} has nothing in the archive at {store.url}")
+    return manifest
 
 
 @contextlib.contextmanager
@@ -155,13 +258,16 @@ def store_errors(store: ArchiveStore) -> Iterator[None]:
         ) from e
 
 
-def _rebuild_shard(
+def rebuild_shard(
     store: ArchiveStore,
     key: ShardKey,
     plan: RestorePlan,
     kv_path: Path,
     progress: Callable[[str], None],
 ) -> LogPosition:
+    """Builds shard `key`'s KV at `kv_path` as `plan` says (its snapshot, then the entries
+    after it, each checked to chain from the one before) and returns its log position;
+    the KV is closed on return. Restores and `delta_export.py` share it."""
     name = f"{key[0]}/{key[1]}"
     kv = RocksKv(kv_path)
     try:

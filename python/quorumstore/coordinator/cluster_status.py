@@ -31,6 +31,24 @@ def all_replicas_serving(status: pb.ClusterStatus) -> bool:
     )
 
 
+def archive_behind(status: pb.ClusterStatus) -> dict[str, int]:
+    """Shard name -> committed entries its archive lacks, per its current leader's report
+    (-1: no report of the archive yet); a shard whose archive is complete is left out."""
+    leaders = {
+        (r.namespace, r.shard, r.node, r.term): r for r in status.replicas if r.role == pb.LEADER
+    }
+    behind = {}
+    for m in status.metadata.shards:
+        report = leaders.get((m.namespace, m.shard, m.leader, m.term))
+        if report is None or not report.HasField("archive"):
+            behind[f"{m.namespace}/{m.shard}"] = -1
+        elif report.archive.archived_offset < report.commit_offset:
+            behind[f"{m.namespace}/{m.shard}"] = (
+                report.commit_offset - report.archive.archived_offset
+            )
+    return behind
+
+
 def format_status(status: pb.ClusterStatus) -> str:
     """One row per shard (state, term, leader, offsets, follower lag, eligible set, and
     with an archive how far it is behind), then the nodes the coordinator cannot reach."""

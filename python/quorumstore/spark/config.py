@@ -12,6 +12,10 @@ host; unset, the executors' local directories), ``clusterName``, ``metadataUrl``
 or ``120s``), ``failureTimeout`` (``500ms``; how long a silent node is taken to be alive),
 ``relayTimeout`` (``1500ms``; how long a node relaying a gateway-mode client's call waits
 for the shard's leader before it retries at a new one or fails),
+``archiveUrl`` (a path or fsspec URL the nodes archive the committed state to, and the
+coordinator its metadata; a cluster started with no metadata restores from it),
+``archiveSync`` (``false``; answer a write only once it is archived),
+``archiveSnapshotEntries`` and ``archiveKeepSnapshots`` (docs/archive.md),
 ``logLevel`` (of the storage nodes, in the executors' stderr), ``tls.certFile``,
 ``tls.keyFile`` and ``tls.trustedCaFile`` (PEM files read on the driver: the nodes'
 client ports serve TLS with them), ``auth.config`` (a JSON auth config read on the
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quorumstore.archive.shipper import ArchiveSettings
 from quorumstore.coordinator.failure_timeout import check_failure_timeout
 from quorumstore.node.auth.check import AuthConfig, read_auth_file
 from quorumstore.node.limits import RequestLimits, limit_settings
@@ -99,6 +104,10 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "start_timeout_s": ("startTimeout", _seconds),
     "failure_timeout_s": ("failureTimeout", _seconds),
     "relay_timeout_s": ("relayTimeout", _seconds),
+    "archive_url": ("archiveUrl", str.strip),
+    "archive_sync": ("archiveSync", _boolean),
+    "archive_snapshot_entries": ("archiveSnapshotEntries", int),
+    "archive_keep_snapshots": ("archiveKeepSnapshots", int),
     "log_level": ("logLevel", str.strip),
     "tls_cert_file": ("tls.certFile", Path),
     "tls_key_file": ("tls.keyFile", Path),
@@ -149,6 +158,13 @@ class HostingConfig:
     #: How long a node relaying a gateway-mode client's call waits for the shard's leader
     #: (`NodeConfig.relay_timeout_ms`).
     relay_timeout_s: float = DEFAULT_RELAY_TIMEOUT_MS / 1000
+    #: Where the nodes archive committed entries and snapshots and the coordinator its
+    #: metadata (docs/archive.md); None: no archive.
+    archive_url: str | None = None
+    #: A write is answered only once its entry is archived.
+    archive_sync: bool = False
+    archive_snapshot_entries: int = ArchiveSettings.snapshot_entries
+    archive_keep_snapshots: int = ArchiveSettings.keep_snapshots
     log_level: str = "WARNING"
     #: The resource limits of each node's client port (`NodeConfig.limits`), set by
     #: keys of their own (`_request_limits`).
@@ -191,6 +207,12 @@ class HostingConfig:
             for name in ("data_dir", *_PATHS)
             if getattr(config, name) is not None
         }
+        if config.archive_url:
+            # A local archive path is made absolute here too; a URL is left as given.
+            url = os.fspath(config.archive_url)
+            absolute["archive_url"] = (
+                url if "://" in url else os.path.abspath(Path(url).expanduser())
+            )
         config = dataclasses.replace(config, **absolute)
         if not config.metadata_url:
             # On the driver: beside the nodes' data on local masters, else in its own
@@ -255,6 +277,15 @@ class HostingConfig:
                 f"{PREFIX}relayTimeout must be a positive duration such as 1500ms, "
                 f"got {self.relay_timeout_s}"
             )
+        if self.archive_url is not None and not self.archive_url:
+            problems.append(f"{PREFIX}archiveUrl must not be empty")
+        if self.archive_sync and self.archive_url is None:
+            problems.append(f"{PREFIX}archiveSync needs {PREFIX}archiveUrl")
+        if self.archive_snapshot_entries < 1 or self.archive_keep_snapshots < 1:
+            problems.append(
+                f"{PREFIX}archiveSnapshotEntries and {PREFIX}archiveKeepSnapshots must be at "
+                f"least 1, got {self.archive_snapshot_entries} and {self.archive_keep_snapshots}"
+            )
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(
                 f"{PREFIX}logLevel must be a logging level such as WARNING, got {self.log_level!r}"
@@ -310,6 +341,15 @@ class HostingConfig:
         return 0 if self.base_port is None else self.base_port + 2 * self.nodes + 1
 
     @property
+    def archive(self) -> ArchiveSettings:
+        """How the nodes archive (`NodeConfig.archive`)."""
+        return ArchiveSettings(
+            sync=self.archive_sync,
+            snapshot_entries=self.archive_snapshot_entries,
+            keep_snapshots=self.archive_keep_snapshots,
+        )
+
+    @property
     def failure_timeout_ms(self) -> int:
         return round(self.failure_timeout_s * 1000)
 
@@ -328,6 +368,10 @@ _OVERRIDE_TYPES: dict[str, tuple[type, ...]] = {
     "failure_timeout_s": (int, float),
     "relay_timeout_s": (int, float),
     "wal_sync": (bool,),
+    "archive_sync": (bool,),
+    "archive_snapshot_entries": (int,),
+    "archive_keep_snapshots": (int,),
+    "archive_url": (str, os.PathLike),
     "kv_memory_bytes": (int,),
     "data_dir": (str, os.PathLike),
     **{name: (str, os.PathLike) for name in _PATHS},
@@ -374,6 +418,7 @@ def node_path(data_dir: str | os.PathLike[str], index: int, suffix: str = "") ->
 def _describe(name: str) -> str:
     return {
         "wal_sync": "true or false",
+        "archive_sync": "true or false",
         "kv_memory_bytes": "a size such as 512m (bytes, or k, m, g)",
         "start_timeout_s": "a number of seconds",
         "failure_timeout_s": "a duration such as 500ms or 2s",

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
@@ -28,11 +29,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+import fsspec
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from quorumstore.archive.restore import LatestRestore, archived_metadata
+from quorumstore.archive.store import ArchiveStore
 from quorumstore.client import Client
-from quorumstore.coordinator.cluster_status import all_replicas_serving, format_status
+from quorumstore.coordinator.cluster_status import (
+    all_replicas_serving,
+    archive_behind,
+    format_status,
+)
+from quorumstore.coordinator.metadata_store import MetadataStore
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.spark.conf_keys import warn_unknown_keys
@@ -58,6 +67,8 @@ log = logging.getLogger(__name__)
 
 #: How long `stop()` waits for Spark to kill the node processes after cancelling.
 _EXIT_TIMEOUT_S = 30.0
+#: How long `stop()` waits for the archive to take the last committed entries.
+ARCHIVE_DRAIN_TIMEOUT_S = 60.0
 #: A node the coordinator cannot reach for this long fails the start (it is logged
 #: after `UNREACHABLE_WARNING_S`).
 UNREACHABLE_START_FAILURE_S = 10.0
@@ -223,6 +234,7 @@ class HostedCluster:
             self._stopped = True
         atexit.unregister(self.stop)
         self._save_placement()
+        self._wait_until_archived()
         self._coordinator.stop()
         for job in self._jobs:
             job.cancel()
@@ -236,6 +248,31 @@ class HostedCluster:
                 left,
                 _EXIT_TIMEOUT_S,
             )
+
+    def _wait_until_archived(self) -> None:
+        """With an archive, waits (up to `ARCHIVE_DRAIN_TIMEOUT_S`) until the archive
+        holds every committed entry, so that a cluster stopped cleanly is restored
+        whole; cancelled node tasks run no cleanup that could finish the upload."""
+        if self.config.archive_url is None or not self._coordinator.running or self._spark_gone:
+            return
+        deadline = time.monotonic() + ARCHIVE_DRAIN_TIMEOUT_S
+        behind: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            try:
+                behind = archive_behind(self._coordinator.call(CoordinatorServer.cluster_status))
+            except (RuntimeError, TimeoutError) as e:
+                log.warning("cannot tell whether the archive is complete: %s", e)
+                return
+            if not behind:
+                return
+            time.sleep(0.2)
+        log.warning(
+            "stopping the cluster with its archive at %s behind after %.0f s (shard: entries "
+            "not archived, -1 unknown): %s",
+            self.config.archive_url,
+            ARCHIVE_DRAIN_TIMEOUT_S,
+            ", ".join(f"{shard}: {n}" for shard, n in sorted(behind.items())),
+        )
 
     def __enter__(self) -> Self:
         return self
@@ -288,6 +325,7 @@ class HostedCluster:
         resubmitted; so does a node the coordinator cannot reach for
         `UNREACHABLE_START_FAILURE_S`.
         """
+        restore = self._planned_restore()
         registry = self._coordinator.open_registry()
         assert registry is not None
         self._jobs = submit_node_jobs(
@@ -299,6 +337,7 @@ class HostedCluster:
             self._preferred_hosts,
             self._secret,
             self._ca,
+            restore,
         )
         started = self._coordinator.start()
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -308,6 +347,7 @@ class HostedCluster:
                 self.admin_address = self._coordinator.server.admin_address or ""
                 status = self._coordinator.call(CoordinatorServer.cluster_status)
                 if _serving(status):
+                    self._restore_done()
                     self._adopt_saved_shard_count(status)
                     self._save_placement()
                     self._publish_address()
@@ -334,6 +374,51 @@ class HostedCluster:
             f"address in the executors' stderr.{failing}\n"
             + (str(self.status()) if started.done() else "no node reported to the coordinator")
         )
+
+    def _planned_restore(self) -> LatestRestore | None:
+        """The whole-cluster restore this start carries out: with an archive, when the
+        coordinator has no metadata and the archive holds a cluster (a new application,
+        the old one's disks gone), or the restore a start that failed had planned. The
+        restored metadata is saved where the coordinator reads it, and the plan beside
+        it until the cluster serves; each node rebuilds its replicas by the plan before
+        it starts (`node_task`)."""
+        if self.config.archive_url is None:
+            return None
+        fs, pending = fsspec.core.url_to_fs(self.config.metadata_url + ".restore-plan")
+        metadata = MetadataStore(self.config.metadata_url)
+        if fs.exists(pending):
+            restore = pickle.loads(fs.cat_file(pending))
+            if not isinstance(restore, LatestRestore):
+                raise ClusterStartError(f"{pending} holds no restore plan; delete it")
+            log.warning("carrying on with the restore planned at an earlier start (%s)", pending)
+            if metadata.load() is None:
+                metadata.save(restore.metadata)
+            return restore
+        archive = ArchiveStore(self.config.archive_url)
+        if metadata.load() is not None or archived_metadata(archive) is None:
+            return None
+        restore = LatestRestore.plan(archive)
+        fs.makedirs(pending.rpartition("/")[0], exist_ok=True)
+        fs.pipe_file(pending, pickle.dumps(restore))
+        metadata.save(restore.metadata)
+        log.warning(
+            "no quorumstore metadata at %s: restoring the cluster archived at %s, at its last "
+            "archived entries (%s)",
+            self.config.metadata_url,
+            self.config.archive_url,
+            ", ".join(
+                f"{n}/{i} at offset {shard.known_commit_offset}"
+                for (n, i), shard in sorted(restore.metadata.shards.items())
+            ),
+        )
+        return restore
+
+    def _restore_done(self) -> None:
+        """Forgets the restore plan once the restored cluster serves."""
+        if self.config.archive_url is not None:
+            fs, pending = fsspec.core.url_to_fs(self.config.metadata_url + ".restore-plan")
+            if fs.exists(pending):
+                fs.rm(pending)
 
     def _placement_file(self) -> Path | None:
         """Where the hosts holding each node's data are kept between applications:
@@ -416,6 +501,8 @@ def start(
     start_timeout_s: float | None = None,
     failure_timeout_s: float | None = None,
     relay_timeout_s: float | None = None,
+    archive_url: str | os.PathLike[str] | None = None,
+    archive_sync: bool | None = None,
     log_level: str | None = None,
 ) -> HostedCluster:
     """Starts a quorumstore cluster inside this Spark application and waits until it serves.
@@ -466,6 +553,15 @@ def start(
     relay_timeout_s : float, optional
         How long a node waits for a shard's leader when it relays a gateway-mode
         client's call (the official Python client) before retrying at a new leader.
+    archive_url : str or path, optional
+        Path or fsspec URL (``s3://bucket/prefix``, ...) of the cluster's archive: the
+        nodes ship committed entries and snapshots there, the coordinator its metadata
+        (docs/archive.md). A start that finds no coordinator metadata while the archive
+        holds a cluster restores that cluster, at its last archived entries, onto the
+        nodes' hosts. `stop` waits until every committed entry is archived.
+    archive_sync : bool, optional
+        Answer a write only once it is archived (default False): no acknowledged write
+        is missing from the archive, at the cost of the upload's latency per write.
     log_level : str, optional
         Level of the nodes' logs in the executors' stderr (default WARNING).
 
@@ -508,6 +604,8 @@ def start(
         start_timeout_s=start_timeout_s,
         failure_timeout_s=failure_timeout_s,
         relay_timeout_s=relay_timeout_s,
+        archive_url=archive_url,
+        archive_sync=archive_sync,
         log_level=log_level,
     )
     return launch(spark, config)
@@ -576,6 +674,7 @@ def coordinator_config(
         admin_host=host,
         admin_port=config.admin_port,
         failure_timeout_ms=config.failure_timeout_ms,
+        archive_url=config.archive_url,
         registry_host=host,
         registry_port=config.registry_port,
         first_reports_wait_s=config.start_timeout_s,

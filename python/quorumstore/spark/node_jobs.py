@@ -32,6 +32,7 @@ from pyspark import SparkContext
 from pyspark.rdd import RDD
 from pyspark.serializers import BatchedSerializer, CPickleSerializer
 
+from quorumstore.archive.restore import LatestRestore
 from quorumstore.spark import node_task
 from quorumstore.spark.config import HostingConfig
 from quorumstore.wire.auth import ClusterSecret
@@ -181,12 +182,14 @@ def submit_node_jobs(
     preferred_hosts: Callable[[], Mapping[int, str]],
     secret: ClusterSecret,
     ca: CertificateAuthority,
+    restore: LatestRestore | None = None,
 ) -> list[NodeJob]:
     """Starts the node jobs of `config.placement`; each runs until cancelled, or until
     the SparkContext stops under it, which it reports through `on_spark_stopped`. The
     nodes register with the coordinator's registry at `coordinator`. The cluster
     `secret`, each node's certificate from the cluster's `ca`, and the client ports' TLS
-    and auth config travel to the executors inside the tasks' closure."""
+    and auth config travel to the executors inside the tasks' closure, and so does the
+    `restore` the nodes carry out before they start, if any."""
     barrier = config.placement == "barrier"
     spec = node_task.NodeTaskSpec(
         host=config.host,
@@ -205,6 +208,9 @@ def submit_node_jobs(
         limits=config.limits,
         barrier=barrier,
         log_level=config.log_level,
+        archive_url=config.archive_url,
+        archive=config.archive,
+        restore=restore,
     )
     body = functools.partial(node_task.serve_partition, spec)
     if barrier:

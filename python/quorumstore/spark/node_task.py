@@ -44,16 +44,19 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quorumstore import event_loops
+from quorumstore.archive.restore import LatestRestore
+from quorumstore.archive.shipper import ArchiveSettings
 from quorumstore.backoff import restart_backoff
 from quorumstore.node.auth.check import AuthConfig
 from quorumstore.node.data_format import DataFormatError
@@ -98,6 +101,12 @@ class NodeTaskSpec:
     limits: RequestLimits
     barrier: bool
     log_level: str
+    #: Where the nodes archive (None: nowhere), and how.
+    archive_url: str | None = None
+    archive: ArchiveSettings = field(default_factory=ArchiveSettings)
+    #: The restore the driver planned (the coordinator had no metadata and the archive
+    #: holds a cluster): each node rebuilds its replicas by it before it starts.
+    restore: LatestRestore | None = None
 
     def data_root(self) -> Path:
         """The directory of this host that holds the cluster's node directories."""
@@ -150,6 +159,8 @@ def serve_partition(spec: NodeTaskSpec, indices: Iterable[int]) -> Iterator[str]
 
 
 async def _supervise(spec: NodeTaskSpec, index: int) -> None:
+    if spec.restore is not None:
+        await asyncio.to_thread(_restore, spec.restore, index, spec.node_dir(index))
     node = await _start_until_up(spec, index)
     if spec.barrier:
         await asyncio.to_thread(_gather_addresses, index, node.address)
@@ -197,6 +208,8 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
                 kv_memory_bytes=spec.kv_memory_bytes,
                 relay_timeout_ms=spec.relay_timeout_ms,
                 limits=spec.limits,
+                archive_url=spec.archive_url,
+                archive=spec.archive,
             )
         )
         try:
@@ -228,6 +241,33 @@ async def _start_until_up(spec: NodeTaskSpec, index: int) -> Node:
             spec.node_dir(index),
         )
         return node
+
+
+def _restore(restore: LatestRestore, index: int, node_dir: Path) -> None:
+    """Rebuilds node `index`'s replicas from the archive, once: a task restarted after
+    the restore finds the directory marked as its work and keeps it. Data the directory
+    held before (of the cluster whose metadata is gone) is moved aside, not deleted."""
+    if restore.rebuilt(node_dir):
+        return
+    if (node_dir / "shards").exists():
+        aside = node_dir.with_name(
+            f"{node_dir.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
+        log.warning(
+            "node %d: the cluster is restored from its archive; the data in %s is moved to %s",
+            index,
+            node_dir,
+            aside,
+        )
+        os.replace(node_dir, aside)
+    elif node_dir.exists():
+        shutil.rmtree(node_dir)  # no replica: a format marker at most
+    log.warning(
+        "node %d: restoring its replicas from the archive at %s", index, restore.archive_url
+    )
+    restore.rebuild_member(
+        f"node{index}", node_dir, progress=lambda line: log.warning("node %d: %s", index, line)
+    )
 
 
 def _ports(spec: NodeTaskSpec, index: int, host: str) -> tuple[int, int]:
