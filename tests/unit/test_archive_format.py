@@ -4,6 +4,7 @@ encodings, without I/O but the local store's."""
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from quorumstore.archive.objects import (
     frame_chunks,
     read_framed_chunks,
 )
+from quorumstore.archive.shipper import ArchiveSettings, ArchiveShipper
 from quorumstore.archive.store import ArchiveStore
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, chain_checksum
 from quorumstore.storage.write_batch import WriteBatchBuilder
@@ -173,3 +175,24 @@ def test_the_local_store_names_only_what_it_completed(tmp_path: Path) -> None:
     with pytest.raises(ArchiveError, match="lacks"):
         store.get(SHARD, segment_name(1, 2, "missing"))
     assert not list((tmp_path / "archive").rglob("*.tmp"))
+
+
+def test_a_deposed_leader_deletes_nothing_a_newer_leaders_manifest_names(tmp_path: Path) -> None:
+    """Retention runs after a manifest is saved; by then a leader of a newer term may have
+    saved its own, which still names what the deposed one dropped."""
+    store = ArchiveStore(str(tmp_path / "archive"))
+    entries = _log(30)
+    base = _archive(entries)
+    for name in base.names():
+        store.put(SHARD, name, b"x")
+    shipper = ArchiveShipper(store, ArchiveSettings(), list, ThreadPoolExecutor(1), "n1")
+    deposed, dropped = base.with_snapshot(_snapshot(entries, 19, 1019), keep=1)
+    assert dropped
+    newer = base.fence(2)  # the new leader's manifest, saved after the deposed one's
+    store.save_manifest(newer)
+    shipper._delete(deposed, dropped)
+    assert set(newer.names()) <= set(store.names(SHARD))
+    # Its own manifest still in place, a leader deletes what its retention dropped.
+    store.save_manifest(deposed)
+    shipper._delete(deposed, dropped)
+    assert not set(dropped) & set(store.names(SHARD))

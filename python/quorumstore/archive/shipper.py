@@ -345,7 +345,19 @@ class ArchiveShipper:
         return new
 
     def _delete(self, manifest: Manifest, dropped: list[str]) -> None:
-        """Deletes what retention dropped and what cut uploads left below it."""
+        """Deletes what retention dropped and what cut uploads left below it, only while
+        the archive's manifest is still the one this leader saved: a newer leader may
+        have saved one since that still names what this one dropped, and its own
+        retention deletes what it drops."""
+        if self.store.load_manifest(manifest.shard) != manifest:
+            log.info(
+                "node %s: shard %s/%s's manifest changed since this leader saved it; "
+                "leaving retention to its writer",
+                self._name,
+                manifest.shard[0],
+                manifest.shard[1],
+            )
+            return
         leftovers = manifest.leftovers(self.store.names(manifest.shard))
         self.store.delete(manifest.shard, sorted(set(dropped) | set(leftovers)))
 
