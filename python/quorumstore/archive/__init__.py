@@ -6,7 +6,8 @@ shard leaders to an fsspec URL, and the restores that rebuild a cluster from it.
 - `objects.py`: the encodings of archived segments and snapshots (no I/O);
 - `store.py`: the archive at its URL: atomic objects and manifests, the metadata copy;
 - `shipper.py`: a node's background task that ships the shards it leads;
-- `restore.py`: a cluster's data directories rebuilt from the archive at a point.
+- `restore.py`: a cluster's data directories rebuilt from the archive at a point;
+- `delta_export.py`: the state at a point written as a version of a Delta Lake table.
 
 docs/archive.md describes the design.
 """

@@ -94,7 +94,7 @@ def restore_cluster(
             f"{data_dir} already holds cluster data; restore into a new directory (a restore "
             "never mixes with data it did not write)"
         )
-    metadata, plans = _plan(store, time_ms, dict(offsets or {}))
+    metadata, plans = plan_point(store, time_ms, dict(offsets or {}))
     staging = data_dir.with_name(data_dir.name + ".restoring")
     shutil.rmtree(staging, ignore_errors=True)
     dirs = node_dirs(metadata)
@@ -134,7 +134,7 @@ class LatestRestore:
     @staticmethod
     def plan(store: ArchiveStore) -> LatestRestore:
         """The restore of the archive at `store` at its last archived entries."""
-        metadata, plans = _plan(store, None, {})
+        metadata, plans = plan_point(store, None, {})
         with store_errors(store):
             heads = {key: _manifest(store, key).head for key in plans}
         shards = {key: restored_shard(metadata.shards[key], heads[key]) for key in plans}
@@ -216,7 +216,7 @@ def install_replicas(
     return position
 
 
-def _plan(
+def plan_point(
     store: ArchiveStore, time_ms: int | None, offsets: Mapping[ShardKey, int]
 ) -> tuple[ClusterMetadata, dict[ShardKey, RestorePlan]]:
     """The archived metadata and each shard's plan at the point."""

@@ -4,6 +4,7 @@
     quorumstore cluster --nodes 3 --shards 8 --replication-factor 3 --data-dir ./qs
     quorumstore status --coordinator 127.0.0.1:6651
     quorumstore restore --archive-url s3://bucket/qs --data-dir ./restored --at 2026-05-01T12:00Z
+    quorumstore export-delta --archive-url s3://bucket/qs --table ./qs-delta
     quorumstore demo                # the main job, in local Spark (needs the spark extra)
 
 `node` and `coordinator` run the two halves on their own (what `cluster` starts).
@@ -27,6 +28,7 @@ from quorumstore.cli import (
     cluster,
     coordinator,
     demo,
+    export_delta,
     node,
     restore,
     standalone,
@@ -60,6 +62,7 @@ COMMANDS: dict[str, Command] = {
     "coordinator": coordinator,
     "status": status,
     "restore": restore,
+    "export-delta": export_delta,
     "demo": demo,
 }
 
