@@ -330,3 +330,33 @@ def test_an_unreachable_archive_delays_nothing_but_the_archive(
             finally:
                 start()
         _wait_archived(server, timeout_s=120)
+
+
+def test_the_manifest_stays_small_with_one_entry_per_round(tmp_path: Path) -> None:
+    """With archive-sync and one put at a time, every round archives a segment of one
+    entry; merged segments keep the manifest, read and written whole every round, at a
+    few dozen segments instead of one per put, and a restore still has every put."""
+    archive = str(tmp_path / "archive")
+    store = ArchiveStore(archive)
+    keys = [f"/small/{i:04d}" for i in range(1000)]
+    most = 0
+    versions = {}
+    flags = ["--archive-url", archive, "--archive-sync"]
+    with standalone(tmp_path / "data", *flags) as server, Client(server.address) as client:
+        for i, key in enumerate(keys):
+            versions[key] = client.put(key, key.encode()).version_id
+            if i % 50 == 49:
+                manifest = store.load_manifest(("default", 0))
+                assert manifest is not None and manifest.head.offset >= i
+                most = max(most, len(manifest.segments))
+    manifest = store.load_manifest(("default", 0))
+    assert manifest is not None
+    # 1,000 rounds; merges of 16 segments at a time leave fewer than 16 per level.
+    assert most < 50 and len(manifest.segments) < 50, (most, len(manifest.segments))
+    restored = tmp_path / "restored"
+    result = run_cli("restore", "--archive-url", archive, "--data-dir", str(restored))
+    assert result.returncode == 0, result.stdout + result.stderr
+    with standalone(restored) as server, Client(server.address) as client:
+        for key in keys:
+            record = client.get(key)
+            assert (record.value, record.version.version_id) == (key.encode(), versions[key])

@@ -17,6 +17,7 @@ restarts the chain there.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -112,6 +113,80 @@ class Manifest:
         )
         return manifest, sorted(self.names() - manifest.names())
 
+    def with_merged(self, merged: SegmentRef) -> Manifest:
+        """The manifest with the run of consecutive segments that `merged` covers end to
+        end (the same entries in one object: `merge_run` picks such runs) replaced by it.
+        ValueError unless the run is two segments or more, gap-free, crosses no snapshot
+        and ends where `merged` does, with the same times at both ends."""
+        starts = [i for i, s in enumerate(self.segments) if s.first == merged.first]
+        ends = [i for i, s in enumerate(self.segments) if s.last.offset == merged.last.offset]
+        if not starts or not ends or ends[0] <= starts[0]:
+            raise ValueError(
+                f"segment {merged.name} ({merged.first}-{merged.last.offset}) covers no run "
+                "of two or more segments of the manifest"
+            )
+        start, end = starts[0], ends[0]
+        run = self.segments[start : end + 1]
+        if not self._mergeable(run):
+            raise ValueError(
+                f"segments {run[0].first}-{run[-1].last.offset} have a gap or a snapshot "
+                "inside; they cannot be merged"
+            )
+        if (merged.last, merged.first_time_ms, merged.last_time_ms) != (
+            run[-1].last,
+            run[0].first_time_ms,
+            run[-1].last_time_ms,
+        ):
+            raise ValueError(
+                f"segment {merged.name} does not end at the position or times of the "
+                f"segments {run[0].first}-{run[-1].last.offset} it replaces"
+            )
+        return replace(self, segments=(*self.segments[:start], merged, *self.segments[end + 1 :]))
+
+    def merge_run(self, fanout: int, max_entries: int, max_bytes: int) -> tuple[SegmentRef, ...]:
+        """The next run of segments to merge into one (`with_merged`), or () when none.
+
+        A segment is small while it holds at most half of `max_entries` and of
+        `max_bytes`; its level is log_fanout of its entries. The run is the first
+        `fanout` neighbours (gap-free, no snapshot inside) that are all small and of a
+        level at most l, for the lowest l that has such neighbours, cut to what fits
+        in `max_entries` and `max_bytes` (at least two segments do: each is small). So
+        entries are rewritten about once per level, and once no run is left, fewer
+        than `fanout` small segments lie between two large ones, snapshots or gaps:
+        the manifest holds a bounded number of segments per snapshot interval, however
+        many rounds made them."""
+        groups: list[list[SegmentRef]] = [[]]
+        for segment in self.segments:
+            small = 2 * _entries(segment) <= max_entries and 2 * segment.size <= max_bytes
+            if not small or not self._mergeable((segment,)):
+                groups.append([])
+                continue
+            if groups[-1] and not self._mergeable((groups[-1][-1], segment)):
+                groups.append([])
+            groups[-1].append(segment)
+        level = 0
+        while fanout**level <= max_entries:
+            for group in groups:
+                window: list[SegmentRef] = []
+                for segment in group:
+                    if _entries(segment) >= fanout ** (level + 1):
+                        window = []
+                        continue
+                    window.append(segment)
+                    if len(window) == fanout:
+                        return _fitting(window, max_entries, max_bytes)
+            level += 1
+        return ()
+
+    def _mergeable(self, run: tuple[SegmentRef, ...]) -> bool:
+        """Whether `run` is gap-free and no snapshot lies inside it (a restore starting at
+        a snapshot needs a segment that starts right after it)."""
+        for before, after in itertools.pairwise(run):
+            if after.first != before.last.offset + 1:
+                return False
+        first, last = run[0].first, run[-1].last.offset
+        return not any(first <= s.position.offset < last for s in self.snapshots)
+
     def names(self) -> set[str]:
         return {s.name for s in self.snapshots} | {s.name for s in self.segments}
 
@@ -121,7 +196,9 @@ class Manifest:
 
     def leftovers(self, names: list[str]) -> list[str]:
         """Of the object names found in the shard's prefix, those no manifest names and no
-        writer can still name: below the oldest kept snapshot (uploads cut short)."""
+        writer can still name: below the oldest kept snapshot (uploads cut short, and
+        segments merged into one, which restores planned before the merge may read until
+        retention passes them)."""
         if not self.snapshots:
             return []
         oldest = self.snapshots[0].position.offset
@@ -198,6 +275,22 @@ class Manifest:
             if isinstance(e, ArchiveError):
                 raise
             raise ArchiveError(f"archive manifest {where} is unreadable: {e!r}") from e
+
+
+def _entries(segment: SegmentRef) -> int:
+    return segment.last.offset - segment.first + 1
+
+
+def _fitting(window: list[SegmentRef], max_entries: int, max_bytes: int) -> tuple[SegmentRef, ...]:
+    """The longest start of `window` whose entries and bytes fit in one segment."""
+    entries = size = count = 0
+    for segment in window:
+        entries += _entries(segment)
+        size += segment.size
+        if entries > max_entries or size > max_bytes:
+            break
+        count += 1
+    return tuple(window[:count]) if count >= 2 else ()
 
 
 def segment_name(first: int, last: int, unique: str) -> str:

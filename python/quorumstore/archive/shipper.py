@@ -18,7 +18,14 @@ once when an archive-sync write waits) it, per led shard:
 4. once `snapshot_entries` entries were archived since the last snapshot, uploads
    another (the entries up to its position first); the manifest then drops the
    snapshots beyond `keep_snapshots` and the segments no kept snapshot needs, whose
-   objects are deleted.
+   objects are deleted;
+5. merges runs of small segments into one (`Manifest.merge_run`), so that the manifest,
+   read and written whole every round, stays small however small the rounds are (one
+   entry each with `--archive-sync`). The merged segment holds the same entries and
+   times under a fresh name; the manifest that names it instead of the run is saved as
+   any other. The objects of the run are not deleted then: a restore or export planned
+   from an earlier manifest may still read them. They are leftovers from then on, and
+   go when retention passes them (`Manifest.leftovers`), as they would have unmerged.
 
 A failed round is logged and retried the next; writes go on meanwhile, and the lag
 (`lag`) grows until the archive is back.
@@ -44,7 +51,13 @@ from quorumstore.archive.manifest import (
     segment_name,
     snapshot_name,
 )
-from quorumstore.archive.objects import encode_segment, entry_times, frame_chunks
+from quorumstore.archive.objects import (
+    check_chain,
+    decode_segment,
+    encode_segment,
+    entry_times,
+    frame_chunks,
+)
 from quorumstore.archive.store import ArchiveStore
 from quorumstore.protocol.messages import ShardKey
 from quorumstore.protocol.types import LogEntry, LogPosition
@@ -56,6 +69,9 @@ log = logging.getLogger(__name__)
 
 #: Entries up to a snapshot's position searched for its time (`_snapshot_time`).
 _SNAPSHOT_TIME_LOOKBACK = 64
+#: Merges per shard and round at most (each takes `merge_fanout` segments or fewer): a
+#: round adds one segment, so one would do; more catch up with a manifest grown before.
+_MERGES_PER_ROUND = 8
 
 
 @dataclass(frozen=True)
@@ -71,12 +87,19 @@ class ArchiveSettings:
     #: Bounds of one segment.
     segment_entries: int = 4096
     segment_bytes: int = 16 << 20
+    #: Small segments merged into one at a time (`Manifest.merge_run`).
+    merge_fanout: int = 16
 
     def __post_init__(self) -> None:
-        if self.snapshot_entries < 1 or self.keep_snapshots < 1 or self.interval_s <= 0:
+        if (
+            self.snapshot_entries < 1
+            or self.keep_snapshots < 1
+            or self.interval_s <= 0
+            or self.merge_fanout < 2
+        ):
             raise ValueError(
-                "the archive needs snapshot_entries >= 1, keep_snapshots >= 1 and "
-                f"interval_s > 0, got {self}"
+                "the archive needs snapshot_entries >= 1, keep_snapshots >= 1, "
+                f"interval_s > 0 and merge_fanout >= 2, got {self}"
             )
 
 
@@ -261,7 +284,54 @@ class ArchiveShipper:
             manifest = await self._ship_snapshot(source, manifest, state)
         manifest = await self._ship_entries(source, manifest, state, source.replica.commit_offset)
         if manifest.entries_since_snapshot() >= self.settings.snapshot_entries:
-            await self._ship_snapshot(source, manifest, state)
+            manifest = await self._ship_snapshot(source, manifest, state)
+        await self._merge_segments(source, manifest)
+
+    async def _merge_segments(self, source: ArchiveSource, manifest: Manifest) -> Manifest:
+        """Merges runs of small segments (`Manifest.merge_run`), while leading in the
+        manifest's term, and saves the manifest that names the merged ones instead."""
+        merged = manifest
+        for _ in range(_MERGES_PER_ROUND):
+            if not (source.is_leader() and source.replica.term == manifest.term):
+                break
+            run = merged.merge_run(
+                self.settings.merge_fanout,
+                self.settings.segment_entries,
+                self.settings.segment_bytes,
+            )
+            if not run:
+                break
+            segment = await self._io_call(self._merge, merged.shard, run)
+            assert isinstance(segment, SegmentRef)
+            merged = merged.with_merged(segment)
+        if merged is not manifest:
+            await self._save(manifest, merged)
+        return merged
+
+    def _merge(self, shard: ShardKey, run: Sequence[SegmentRef]) -> SegmentRef:
+        """Uploads one segment holding the entries and times of `run`, read back from the
+        archive (which holds them whether or not the log still does, and holds the times
+        exactly as archived) and checked to chain."""
+        entries: list[LogEntry] = []
+        times: list[int] = []
+        for segment in run:
+            got, got_times = decode_segment(self.store.get(shard, segment.name), segment.name)
+            if [e.offset for e in got] != list(range(segment.first, segment.last.offset + 1)):
+                raise ArchiveError(
+                    f"archived segment {segment.name} does not hold the entries "
+                    f"{segment.first}-{segment.last.offset} its name says"
+                )
+            entries += got
+            times += got_times
+        first, last = entries[0], run[-1].last
+        start = LogPosition(first.term, first.offset, first.checksum)
+        if check_chain(start, entries[1:], f"{run[0].name} to {run[-1].name}") != last:
+            raise ArchiveError(
+                f"archived segments {run[0].name} to {run[-1].name} do not end at {last}"
+            )
+        name = segment_name(first.offset, last.offset, uuid.uuid4().hex)
+        size = self.store.put(shard, name, encode_segment(entries, times))
+        return SegmentRef(name, first.offset, last, times[0], times[-1], size)
 
     async def _ship_entries(
         self, source: ArchiveSource, manifest: Manifest, state: _ShardState, upto: int
@@ -345,10 +415,10 @@ class ArchiveShipper:
         return new
 
     def _delete(self, manifest: Manifest, dropped: list[str]) -> None:
-        """Deletes what retention dropped and what cut uploads left below it, only while
-        the archive's manifest is still the one this leader saved: a newer leader may
-        have saved one since that still names what this one dropped, and its own
-        retention deletes what it drops."""
+        """Deletes what retention dropped and what cut uploads and merges left below it
+        (`Manifest.leftovers`), only while the archive's manifest is still the one this
+        leader saved: a newer leader may have saved one since that still names what this
+        one dropped, and its own retention deletes what it drops."""
         if self.store.load_manifest(manifest.shard) != manifest:
             log.info(
                 "node %s: shard %s/%s's manifest changed since this leader saved it; "
