@@ -623,6 +623,33 @@ def test_followers_serve_reads_only_when_asked(tmp_path: Path) -> None:
         cluster.close()
 
 
+@pytest.mark.timeout(180)
+def test_rows_staged_before_a_leader_change_are_published_by_the_new_leader(
+    tmp_path: Path,
+) -> None:
+    """Staging copies every chunk to the followers too, so a job whose shard changes
+    leader between its tasks' staging and its commit still publishes."""
+    cluster = LocalCluster(tmp_path, nodes=3, shards=1, replication_factor=3, fsync=False)
+    try:
+        cluster.start()
+        with DataClient(",".join(cluster.nodes), retry_s=30) as c:
+            write_id = uuid.uuid4().hex
+            table = rows([f"moved/{i:03d}" for i in range(50)])
+            c.stage(0, write_id, "p0-a0", 0, table)
+            [shard] = c.shards()
+            cluster.kill9(shard.leader)
+            cluster.wait_new_leader(0, not_on=shard.leader, after_term=shard.term)
+            origin = ClientSerial(f"spark-write/{write_id}", 0)
+            result = c.publish(0, write_id, [("p0-a0", 1, 50)], origin=origin)
+            assert result.rows == 50 and not result.duplicate
+            assert scan_all(c, ranges=prefix_ranges("moved/")) == dict(
+                zip(table.column("key").to_pylist(), table.column("value").to_pylist())
+            )
+            c.discard(write_id)
+    finally:
+        cluster.close()
+
+
 # ------------------------------------------------------------------ key filter planning
 
 

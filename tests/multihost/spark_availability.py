@@ -149,11 +149,13 @@ def _dataframe(spark: Any, run: Callable[[], Phases]) -> RunResult:
     spans: list[Span] = []
     failures: list[str] = []
     ran: list[Phases] = []
+    timings: list[tuple[float, int, float]] = []  # (job's seconds, job, its write's seconds)
     phases_thread = threading.Thread(target=lambda: ran.append(run()), daemon=True)
     n = 0
     while n <= 1 or phases_thread.is_alive():
         if n == 1:  # the first job, which starts the Python workers, is not measured
             spans.clear()
+            timings.clear()
             phases_thread.start()
         prefix = f"/df/{n:07d}/"
         started = time.monotonic()
@@ -163,9 +165,12 @@ def _dataframe(spark: Any, run: Callable[[], Phases]) -> RunResult:
                 F.col("id").cast("string").cast("binary").alias("value"),
             )
             rows.write.format("quorumstore").mode("append").save()
+            written = time.monotonic()
             read = spark.read.format("quorumstore").option("keyPrefix", prefix).load().count()
+            timings.append((time.monotonic() - started, n, written - started))
         except Exception as e:  # noqa: BLE001 - a failed job is an outcome to report
-            failures.append(f"job {n}: {type(e).__name__}: {str(e)[:300]}")
+            # The end of a data source error's text holds its Python exception.
+            failures.append(f"job {n}: {type(e).__name__}: ...{str(e)[-400:]}")
         else:
             if read != DATAFRAME_ROWS:
                 failures.append(f"job {n}: read {read} of {DATAFRAME_ROWS} rows back")
@@ -182,6 +187,9 @@ def _dataframe(spark: Any, run: Callable[[], Phases]) -> RunResult:
         f"{len(failures)} failed{': ' + failures[0] if failures else ''}; {stored} rows "
         f"stored (every acknowledged one: {stored >= acknowledged})"
     )
+    if timings:
+        total, job, write = max(timings)
+        report += f"; slowest job {job}: {total:.2f} s, its write {write:.2f} s"
     return _result("dataframe", spans, ran[0], correct, report)
 
 

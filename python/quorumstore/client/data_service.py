@@ -33,11 +33,13 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeVar
 
@@ -57,6 +59,8 @@ from quorumstore.wire.schemas import ROWS_SCHEMA
 from quorumstore.wire.tls import TlsConfig, TokenSource, open_channel
 
 #: How long a call keeps retrying (elections, leader changes) before it gives up.
+log = logging.getLogger(__name__)
+
 DEFAULT_RETRY_S = 60.0
 #: Deadline of one unary call.
 _CALL_TIMEOUT_S = 120.0
@@ -74,10 +78,17 @@ _CHECK_ANSWER_S = 0.2
 #: How long a node that held a call stays last in the order replicas are asked in, by
 #: every client of the process (a Spark task's or query's client lives for one call).
 SUSPECT_S = 10.0
+#: How long a follower's copy of staged rows is waited for at least, after the leader
+#: took them.
+STAGE_COPY_GRACE_S = 0.2
+#: A call that takes longer is logged with the nodes it asked: a fault held it past the
+#: failover its watch gives.
+SLOW_CALL_S = 1.0
 #: Node -> when a watch last gave up a call on it.
 _suspects: dict[str, float] = {}
 
 _T = TypeVar("_T")
+_K = TypeVar("_K")
 
 
 class _ChunkStream(Protocol):
@@ -138,16 +149,16 @@ def _retryable(error: grpc.RpcError) -> bool:
 
 
 def _first_answers(
-    calls: dict[str, grpc.Future], grace_s: float = 0.1
-) -> tuple[dict[str, Any], dict[str, grpc.RpcError]]:
+    calls: dict[_K, grpc.Future], grace_s: float = 0.1
+) -> tuple[dict[_K, Any], dict[_K, grpc.RpcError]]:
     """The answers and failures of calls to several nodes at once, taken in the order
     they come, until every call ended or `grace_s` after the first answer: a node that
     a fault holds never answers, and its call is not waited for."""
-    done: queue.SimpleQueue[tuple[str, grpc.Future]] = queue.SimpleQueue()
+    done: queue.SimpleQueue[tuple[_K, grpc.Future]] = queue.SimpleQueue()
     for address, future in calls.items():
         future.add_done_callback(lambda f, a=address: done.put((a, f)))
-    answers: dict[str, Any] = {}
-    failures: dict[str, grpc.RpcError] = {}
+    answers: dict[_K, Any] = {}
+    failures: dict[_K, grpc.RpcError] = {}
     grace_ends: float | None = None
     while len(answers) + len(failures) < len(calls):
         wait = None if grace_ends is None else max(grace_ends - time.monotonic(), 0.0)
@@ -371,6 +382,34 @@ class DataClient:
             for shard in np.unique(shard_ids)
         }
 
+    def each_shard(
+        self, shard_ids: Sequence[int], call: Callable[[DataClient, int], _T]
+    ) -> dict[int, _T | DataClientError]:
+        """`call(client, shard_id)` for every shard at once, each on a client of its own
+        (clients are not thread-safe) that starts from this one's routing table: a fault
+        that holds one shard's leader delays that shard's call, not every call after it.
+        Returns each shard's result, or the DataClientError its call raised."""
+        shards = self.shards()
+
+        def run(shard_id: int) -> _T | DataClientError:
+            with DataClient(
+                ",".join(self.bootstrap),
+                self.namespace,
+                retry_s=self.retry_s,
+                tls=self._tls,
+                token=self._token,
+            ) as client:
+                client._shards = shards
+                try:
+                    return call(client, shard_id)
+                except DataClientError as e:
+                    return e
+
+        if len(shard_ids) <= 1:
+            return {shard_id: run(shard_id) for shard_id in shard_ids}
+        with ThreadPoolExecutor(len(shard_ids), thread_name_prefix="quorumstore-shard") as pool:
+            return dict(zip(shard_ids, pool.map(run, shard_ids)))
+
     # -------------------------------------------------------------- retries
 
     def _retrying(self, what: str, call: Callable[[], _T], retry_s: float | None = None) -> _T:
@@ -414,6 +453,8 @@ class DataClient:
         """`call` on the shard's leader (or any replica when `followers`), refreshing the
         routing table and retrying on retryable errors when `retry`."""
         first = True
+        started = time.monotonic()
+        tried: list[str] = []
 
         def attempt() -> _T:
             nonlocal first
@@ -428,6 +469,7 @@ class DataClient:
             errors = []
             for address in [a for a in replicas if a]:
                 stub = self._stub(address)
+                tried.append(f"{address} at {time.monotonic() - started:.2f} s")
                 try:
                     with self._watched(shard_id, address, on_leader=not followers):
                         return call(stub)
@@ -440,6 +482,19 @@ class DataClient:
                     errors.append(f"{address}: {_describe(e)}")
             raise _Retry("; ".join(errors) or f"shard {shard_id} has no leader right now")
 
+        try:
+            return self._attempted(shard_id, what, attempt, retry)
+        finally:
+            if time.monotonic() - started > SLOW_CALL_S:
+                log.warning(
+                    "%s on shard %d took %.2f s; asked %s",
+                    what,
+                    shard_id,
+                    time.monotonic() - started,
+                    ", ".join(tried) or "no node",
+                )
+
+    def _attempted(self, shard_id: int, what: str, attempt: Callable[[], _T], retry: bool) -> _T:
         if not retry:
             try:
                 return attempt()
@@ -535,6 +590,33 @@ class DataClient:
             followers=allow_follower,
         )
         return Offsets(response.commit_offset, response.changes_kept_after)
+
+    def latest_offsets(self, shard_ids: Sequence[int]) -> dict[int, Offsets]:
+        """Each shard's offsets as the first of its replicas to answer give them
+        (followers too, which may be a little behind): every replica of every shard is
+        asked at once, each shard takes the highest commit offset among the answers,
+        and a node a fault holds is not waited for beyond a short grace. A shard none
+        of whose replicas answered in time is asked again as `offsets` asks."""
+        calls = {}
+        for shard_id in shard_ids:
+            shard = self.shard(shard_id)
+            request = pb.GetOffsetsRequest(
+                namespace=self.namespace, shard=shard_id, allow_follower=True
+            )
+            for address in {a for a in (shard.leader, *shard.followers) if a}:
+                stub = self._stub(address)
+                calls[shard_id, address] = stub.GetOffsets.future(request, timeout=_CALL_TIMEOUT_S)
+        answers, _ = _first_answers(calls)
+        for future in calls.values():
+            future.cancel()
+        latest: dict[int, Offsets] = {}
+        for (shard_id, _), response in answers.items():
+            if shard_id not in latest or response.commit_offset > latest[shard_id].commit_offset:
+                latest[shard_id] = Offsets(response.commit_offset, response.changes_kept_after)
+        for shard_id in shard_ids:
+            if shard_id not in latest:
+                latest[shard_id] = self.offsets(shard_id, allow_follower=True)
+        return latest
 
     def changes(
         self, shard_id: int, start_exclusive: int, end_inclusive: int, *, max_rows: int = 0
@@ -671,7 +753,11 @@ class DataClient:
     def stage(
         self, shard_id: int, write_id: str, part: str, chunk: int, rows: pa.Table | pa.RecordBatch
     ) -> int:
-        """Keeps rows on the shard's leader under (write id, part, chunk); returns their count."""
+        """Keeps rows on the shard's replicas under (write id, part, chunk); returns their
+        count. The leader must take them; the followers get copies at the same time, so
+        that a leader elected before the publish has them too. A follower's copy is
+        waited for as long again as the leader took, at least `STAGE_COPY_GRACE_S`; one
+        that a fault holds is left behind (a publish on that node would be refused)."""
         request = pb.StageArrowRequest(
             namespace=self.namespace,
             shard=shard_id,
@@ -680,9 +766,26 @@ class DataClient:
             chunk=chunk,
             ipc=ipc_bytes(rows.select(ROWS_SCHEMA.names)),
         )
-        response = self._on_shard(
-            shard_id, "stage rows", lambda stub: stub.StageArrow(request, timeout=_CALL_TIMEOUT_S)
-        )
+        started = time.monotonic()
+        copies = [
+            self._stub(address).StageArrow.future(request, timeout=_CALL_TIMEOUT_S)
+            for address in self.shard(shard_id).followers
+            if address
+        ]
+        try:
+            response = self._on_shard(
+                shard_id,
+                "stage rows",
+                lambda stub: stub.StageArrow(request, timeout=_CALL_TIMEOUT_S),
+            )
+            waited = time.monotonic() - started
+            deadline = time.monotonic() + max(waited, STAGE_COPY_GRACE_S)
+            for copy in copies:
+                with contextlib.suppress(grpc.RpcError, grpc.FutureTimeoutError):
+                    copy.result(timeout=max(deadline - time.monotonic(), 0.0))
+        finally:
+            for copy in copies:
+                copy.cancel()
         return response.rows
 
     def discard(self, write_id: str, *, wait_s: float = 0.1) -> list[str]:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
+from quorumstore.client.data_service import DataClientError
 from quorumstore.spark.datasource_keys import KeyFilter, KeyRange
 from quorumstore.spark.datasource_options import QuorumstoreOptionError, SourceOptions, connect
 from quorumstore.spark.datasource_values import ValueCodec, arrow_schema
@@ -162,11 +163,16 @@ class QuorumstoreScan(DataSourceReader):
             if not ranges:
                 return []
             follower = self.options.read_from == "follower"
-            out = []
-            for shard in shards:
-                pieces = client.split_ranges(
+            splits = client.each_shard(
+                shards,
+                lambda shard_client, shard: shard_client.split_ranges(
                     shard, ranges, self.options.max_rows_per_partition, allow_follower=follower
-                )
+                ),
+            )
+            out = []
+            for shard, pieces in splits.items():
+                if isinstance(pieces, DataClientError):
+                    raise pieces
                 if pieces == ranges:
                     out.append(ScanPartition(shard, ranges, []))
                 else:

@@ -165,13 +165,10 @@ class QuorumstoreChangeFeed(DataSourceStreamReader):
             )
 
     def _current(self, client: DataClient, earliest: bool) -> dict[str, int]:
-        out = {}
-        for shard in self._shards:
-            offsets = client.offsets(shard, allow_follower=True)
-            out[self._key(shard)] = (
-                offsets.changes_kept_after if earliest else offsets.commit_offset
-            )
-        return out
+        return {
+            self._key(shard): offsets.changes_kept_after if earliest else offsets.commit_offset
+            for shard, offsets in client.latest_offsets(self._shards).items()
+        }
 
     def initialOffset(self) -> dict[str, int]:
         if self.options.starting_offsets in ("latest", "earliest"):

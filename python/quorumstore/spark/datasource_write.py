@@ -50,7 +50,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from quorumstore.client.data_service import DataClientError
+from quorumstore.client.data_service import DataClient, DataClientError, WriteResult
 from quorumstore.spark.datasource_options import QuorumstoreOptionError, SourceOptions, connect
 from quorumstore.spark.datasource_values import (
     TYPED_FORMATS,
@@ -211,9 +211,9 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
         buffers = _ShardBuffers(self.options.chunk_rows)
         with self.options.client() as client:
 
-            def stage(shard: int, rows: pa.Table) -> None:
+            def stage(shard: int, rows: pa.Table, on: DataClient = client) -> None:
                 chunks, count = message.shards.get(shard, (0, 0))
-                client.stage(shard, self.write_id, message.part, chunks, rows)
+                on.stage(shard, self.write_id, message.part, chunks, rows)
                 message.shards[shard] = (chunks + 1, count + rows.num_rows)
 
             for batch in iterator:
@@ -227,8 +227,14 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
                     chunk = buffers.add(shard, part)
                     if chunk is not None:
                         stage(shard, chunk)
-            for shard in buffers.shards():
-                stage(shard, buffers.take(shard))
+            # The last chunks, often the only ones, go to all their shards at once.
+            last = {shard: buffers.take(shard) for shard in buffers.shards()}
+            staged = client.each_shard(
+                list(last), lambda shard_client, shard: stage(shard, last[shard], shard_client)
+            )
+            for error in staged.values():
+                if isinstance(error, DataClientError):
+                    raise error
         return message
 
     def _replace_range(self, messages: Sequence[StagedWrite]) -> tuple[str, str] | None:
@@ -252,9 +258,14 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
         with connect(self.options) as client:
             targets = [s.shard for s in client.shards()] if replace else sorted(parts)
             try:
+                # Every shard validates before any publishes; each round asks all the
+                # shards at once, so a fault on one leader delays the round only once.
                 for validate_only in (True, False):
-                    for shard in targets:
-                        client.publish(
+
+                    def publish(
+                        shard_client: DataClient, shard: int, validate_only: bool = validate_only
+                    ) -> WriteResult:
+                        return shard_client.publish(
                             shard,
                             self.write_id,
                             parts.get(shard, []),
@@ -263,12 +274,19 @@ class QuorumstoreBatchWriter(DataSourceArrowWriter):
                             unique_keys=True,
                             validate_only=validate_only,
                         )
-                        if not validate_only:
-                            published.append(shard)
+
+                    results = client.each_shard(targets, publish)
+                    errors = [r for r in results.values() if isinstance(r, DataClientError)]
+                    if not validate_only:
+                        published += [
+                            s for s, r in results.items() if not isinstance(r, DataClientError)
+                        ]
+                    if errors:
+                        raise errors[0]
                 failed = False
             except DataClientError as e:
                 done = (
-                    f"shards {published} were written, {sorted(set(targets) - set(published))} were not"
+                    f"shards {sorted(published)} were written, {sorted(set(targets) - set(published))} were not"
                     if published
                     else "nothing was written"
                 )

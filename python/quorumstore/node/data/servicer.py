@@ -8,9 +8,11 @@ What DataFrames need and Oxia's record-at-a-time protocol does not offer:
 - `WriteArrow` turns a whole Arrow table into ONE replicated entry, optionally deleting
   a key range first in the same entry (an atomic replace), exactly once per
   (client id, serial) (`writes.py`);
-- `StageArrow` keeps rows on the leader, unreplicated, until a `WriteArrow` publishes
-  everything staged under a write id as one entry (Spark jobs: nothing is visible
-  until the job commits, and then a shard's part appears at once) (`staging.py`);
+- `StageArrow` keeps rows on a replica of the shard, unreplicated, until a `WriteArrow`
+  on the leader publishes everything staged there under a write id as one entry (Spark
+  jobs: nothing is visible until the job commits, and then a shard's part appears at
+  once). Clients stage on every replica, so that a leader elected between staging and
+  publishing holds the rows too (`staging.py`);
 - `GetOffsets` / `ReadChanges` serve the change log (`changes.py`).
 
 The servicer finds the replica a call needs (`hosts.py`) and delegates. Scans and
@@ -59,8 +61,8 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
     """Serves `quorumstore.data.v1.QuorumstoreData` for the shards of one node.
 
     Reads (scans, changes, offsets) may be served by any replica that is asked to
-    (`allow_follower`) or that has applied what is asked for (changes); writes and
-    staging only by the shard's leader.
+    (`allow_follower`) or that has applied what is asked for (changes); staging by any
+    replica; writes only by the shard's leader.
 
     Example (what `Node.start` does)::
 
@@ -209,7 +211,7 @@ class QuorumstoreDataServicer(pb_grpc.QuorumstoreDataServicer):
             path = self._staged.check(
                 request.write_id, request.namespace, request.shard, request.part, request.chunk
             )
-            find_host(self._node, request.namespace, request.shard, leader=True)
+            find_host(self._node, request.namespace, request.shard, leader=False)
             rows = read_rows(request.ipc, "the staged rows")
             check_rows(rows, unique_keys=False)
             if await self._run(self._staged.put, path, request.ipc, client_of(context)):

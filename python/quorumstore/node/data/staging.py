@@ -1,8 +1,9 @@
-"""Rows staged on a shard's leader, unreplicated, until a write publishes them.
+"""Rows staged on a replica of a shard, unreplicated, until a write publishes them.
 
 Staged rows live in `<staging root>/<write id>/<namespace>/<shard>/<part>.<chunk>.arrow`.
-They are not replicated: a leader change between staging and publishing makes the
-publish fail (FAILED_PRECONDITION), and the caller's write fails as a whole. Staged
+They are not replicated: clients stage each chunk on every replica, and a leader that
+lacks a chunk at the publish (elected since, and missed by the staging) refuses it
+(ABORTED), and the caller's write fails as a whole. Staged
 rows are dropped when published, by `DiscardStaged`, or after `STAGING_TTL_S`.
 
 Until then they count, by their size on disk, against the client that staged them
