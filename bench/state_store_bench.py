@@ -17,10 +17,13 @@ For each provider, in its own JVM (a fresh Python + Spark process per phase):
 
 The query is `groupBy(k).agg(count, sum)` in update mode over Parquet files (one file per
 micro-batch), written to the `noop` sink; local[2], `--partitions` shuffle partitions.
+RocksDB runs with Spark's defaults (changelog checkpointing off: every version is
+checkpointed as files) unless `--rocksdb-changelog` turns changelog checkpointing on.
 quorumstore is a 3-node cluster with replication factor 3 started here (`quorumstore
 cluster`), unless `--address` names a running one.
 
 Usage: python bench/state_store_bench.py [--keys 1000000] [--batches 10] [--rows 20000]
+                                           [--rocksdb-changelog]
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +49,7 @@ from quorumstore.spark.state_store import PROVIDER_CLASS, ROCKSDB_PROVIDER_CLASS
 
 PROVIDERS = {"rocksdb": ROCKSDB_PROVIDER_CLASS, "quorumstore": PROVIDER_CLASS}
 MAINTENANCE_INTERVAL = "5s"
+ROCKSDB_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 
 
 # ------------------------------------------------------------------ input
@@ -101,6 +105,8 @@ def run_phase(args: argparse.Namespace) -> dict:
     builder = builder.config(
         "spark.sql.streaming.stateStore.providerClass", PROVIDERS[args.provider]
     )
+    if args.rocksdb_changelog:
+        builder = builder.config(ROCKSDB_CHANGELOG, "true")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     jvm = spark._jvm
@@ -209,18 +215,31 @@ def phase(args: argparse.Namespace, provider: str, name: str) -> dict:
         provider,
         "--work",
         args.work,
-        "--address",
-        args.address,
         "--partitions",
         str(args.partitions),
         "--result",
         str(out),
     ]
+    if args.address:  # none: only the RocksDB provider runs (bench/archive_bench.py)
+        cmd += ["--address", args.address]
+    if args.rocksdb_changelog:
+        cmd.append("--rocksdb-changelog")
     started = time.monotonic()
     subprocess.run(cmd, check=True)
     result = json.loads(out.read_text())
     result["process_s"] = time.monotonic() - started
     return result
+
+
+def load_and_recover(args: argparse.Namespace, provider: str) -> dict[str, dict]:
+    """The load phase, then the recover phase, of `provider`: each in a JVM of its own,
+    over the inputs in `args.work` (`write_inputs`). `args` holds `work`, `address` (None
+    for RocksDB alone), `partitions` and `rocksdb_changelog`."""
+    results = {}
+    for name in ("load", "recover"):
+        print(f"{provider}: {name} ...", flush=True)
+        results[name] = phase(args, provider, name)
+    return results
 
 
 # ------------------------------------------------------------------ the cluster
@@ -245,8 +264,19 @@ def _port_free(port: int) -> bool:
             return False
 
 
-def start_cluster(data_dir: Path, fsync: bool) -> tuple[subprocess.Popen[bytes], str]:
-    base = free_base_port(7)  # 3 nodes, the coordinator, 3 internal ports
+def start_cluster(
+    data_dir: Path,
+    fsync: bool,
+    *,
+    shards: int = 4,
+    base: int | None = None,
+    extra: Sequence[str] = (),
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`quorumstore cluster` of 3 nodes on `base` (default: free ports) with `extra` flags,
+    its output in `cluster.log` beside `data_dir`; returns once it prints its client
+    address (every replica serves), with the process and the nodes' addresses."""
+    if base is None:
+        base = free_base_port(7)  # 3 nodes, the coordinator, 3 internal ports
     argv = [
         sys.executable,
         "-m",
@@ -257,7 +287,7 @@ def start_cluster(data_dir: Path, fsync: bool) -> tuple[subprocess.Popen[bytes],
         "--replication-factor",
         "3",
         "--shards",
-        "4",
+        str(shards),
         "--data-dir",
         str(data_dir),
         "--base-port",
@@ -265,6 +295,7 @@ def start_cluster(data_dir: Path, fsync: bool) -> tuple[subprocess.Popen[bytes],
     ]
     if not fsync:
         argv.append("--no-fsync")
+    argv += extra
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
     with open(data_dir.parent / "cluster.log", "wb") as log:  # the child keeps its own handle
         process = subprocess.Popen(
@@ -276,7 +307,7 @@ def start_cluster(data_dir: Path, fsync: bool) -> tuple[subprocess.Popen[bytes],
             raise SystemExit(f"quorumstore cluster exited: see {data_dir.parent / 'cluster.log'}")
         if b"client address" in (data_dir.parent / "cluster.log").read_bytes():
             return process, ",".join(f"127.0.0.1:{base + i}" for i in range(3))
-        time.sleep(0.5)
+        time.sleep(0.1)
     process.terminate()
     raise SystemExit("quorumstore cluster did not come up within 90 s")
 
@@ -301,6 +332,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, dict]]) -> Non
     print(
         f"state-store bench: {args.keys:,} keys, {args.batches} update batches of "
         f"{args.rows:,} rows, {args.partitions} partitions, local[2]; quorumstore: {args.cluster}"
+        f"; rocksdb changelog checkpointing {'on' if args.rocksdb_changelog else 'off'}"
     )
     print(f"{'':48}{'rocksdb':>14}{'quorumstore':>14}{'ratio q/r':>11}")
 
@@ -345,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-fsync", action="store_true", help="start the cluster without WAL fsync"
     )
+    parser.add_argument(
+        "--rocksdb-changelog",
+        action="store_true",
+        help="RocksDB with changelog checkpointing (Spark's default: off)",
+    )
     parser.add_argument("--phase", choices=["load", "recover"], help=argparse.SUPPRESS)
     parser.add_argument("--provider", choices=list(PROVIDERS), help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -375,11 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             write_inputs(Path(tmp) / "in", args.keys, args.build_batches, args.batches, args.rows)
-            results: dict[str, dict[str, dict]] = {}
-            for provider in PROVIDERS:
-                for name in ("load", "recover"):
-                    print(f"{provider}: {name} ...", flush=True)
-                    results.setdefault(provider, {})[name] = phase(args, provider, name)
+            results = {provider: load_and_recover(args, provider) for provider in PROVIDERS}
             report(args, results)
         finally:
             if cluster is not None:
