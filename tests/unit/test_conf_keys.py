@@ -33,7 +33,7 @@ def _scala_keys() -> set[str]:
 
 def test_the_list_is_exactly_the_keys_python_and_scala_read() -> None:
     hosting, limits, scala = _hosting_keys(), _limit_keys(), _scala_keys()
-    assert len(hosting) == 19 and len(scala) >= 10
+    assert len(hosting) == 23 and len(scala) >= 10
     assert len(limits) == 7
     assert hosting | limits | scala == KNOWN_KEYS
 

@@ -210,8 +210,11 @@ def test_a_follower_keeps_applying_while_appends_stream_in(tmp_path: Path) -> No
                         break
                     await asyncio.sleep(0.01)
                 assert host.wal.head.offset == entries - 1
-                # While the stream ran, each Ack found all but the last two entries applied.
-                assert transport.applied_at_ack[-1] >= entries - 3, transport.applied_at_ack
+                # While the stream ran, the Acks found entries applied: a follower that
+                # applied only once the stream stopped would show -1 at every Ack. (How
+                # close behind the apply runs depends on the machine's load: the last
+                # Ack found 26 of 30 applied in one loaded CI run, 28 alone.)
+                assert transport.applied_at_ack[-1] >= entries // 2, transport.applied_at_ack
             finally:
                 host.close()
 
