@@ -7,7 +7,8 @@ factor 3, the coordinator on a fourth host) and six workers of that kind doing p
 and version-conditional put on 40 keys: ``--seconds`` without faults (the reference
 median of ok operations per second), then ``--seconds`` under a seeded nemesis that
 every 1-3 s pauses a shard leader, isolates a node's host, or cuts a leader off from the
-coordinator and the other nodes (clients still reach it), each for 3-6 s. Prints, per
+coordinator and the other nodes (clients still reach it), each for 3-6 s (none is
+started that could not be held in full before the phase ends). Prints, per
 kind, the seconds under 20% of the fault-free median, each fault's recovery (until
 every shard answered an operation invoked after the fault), and whether the recorded
 history is linearizable. The criterion: at least 80% of the seconds at or above 20%,

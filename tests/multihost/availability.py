@@ -250,15 +250,24 @@ CLIENT_KINDS: dict[str, ClientKind] = {
 
 
 def node_fault_nemesis(
-    hosts: Hosts, cluster: LocalCluster, seed: int, stop: threading.Event, faults: list[Fault]
+    hosts: Hosts,
+    cluster: LocalCluster,
+    seed: int,
+    stop: threading.Event,
+    faults: list[Fault],
+    until: float,
 ) -> None:
     """Every 1-3 s, one fault of FAULT_KINDS on one node for 3-6 s; appends each to
-    `faults` once healed. Nodes are on hosts[0..2], the coordinator on hosts[3]."""
+    `faults` once healed. Nodes are on hosts[0..2], the coordinator on hosts[3]. A fault
+    that could not be held in full before `until` (the phase's end, on the monotonic
+    clock) is not started: cut short at the end, it left no time to see a recovery."""
     rnd = random.Random(seed)
     everyone = list(hosts)
     host_of: dict[str, Host] = dict(zip(cluster.nodes, everyone, strict=False))
     while not stop.wait(rnd.uniform(1.0, 3.0)):
         kind, hold_s = rnd.choice(FAULT_KINDS), rnd.uniform(3.0, 6.0)
+        if time.monotonic() + hold_s > until:
+            break
         shard = rnd.randrange(cluster.shards)
         node = cluster.leader_of(shard) if kind != "isolate" else rnd.choice(cluster.nodes)
         if node is None:
@@ -422,18 +431,20 @@ def run_phases(hosts: Hosts, cluster: LocalCluster, seconds: float, seed: int) -
     each, while the workers (started by the caller) run; ends with every fault healed."""
     stop_nemesis = threading.Event()
     faults: list[Fault] = []
-    nemesis = threading.Thread(
-        target=node_fault_nemesis, args=(hosts, cluster, seed, stop_nemesis, faults)
-    )
+    nemesis: threading.Thread | None = None
     try:
         fault_free_start = time.monotonic()
         time.sleep(seconds)
         faulty_start = time.monotonic()
+        nemesis = threading.Thread(
+            target=node_fault_nemesis,
+            args=(hosts, cluster, seed, stop_nemesis, faults, faulty_start + seconds),
+        )
         nemesis.start()
         time.sleep(seconds)
     finally:
         stop_nemesis.set()
-        if nemesis.ident is not None:
+        if nemesis is not None:
             nemesis.join()
         hosts.heal_all()
     faults = [f for f in faults if f.start < faulty_start + seconds]
