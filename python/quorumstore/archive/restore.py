@@ -134,10 +134,8 @@ class LatestRestore:
     @staticmethod
     def plan(store: ArchiveStore) -> LatestRestore:
         """The restore of the archive at `store` at its last archived entries."""
-        metadata, plans = plan_point(store, None, {})
-        with store_errors(store):
-            heads = {key: _manifest(store, key).head for key in plans}
-        shards = {key: restored_shard(metadata.shards[key], heads[key]) for key in plans}
+        metadata, manifests, plans = _point(store, None, {})
+        shards = {key: restored_shard(metadata.shards[key], manifests[key].head) for key in plans}
         return LatestRestore(
             store.url, uuid.uuid4().hex, ClusterMetadata(metadata.version + 1, shards), plans
         )
@@ -220,6 +218,14 @@ def plan_point(
     store: ArchiveStore, time_ms: int | None, offsets: Mapping[ShardKey, int]
 ) -> tuple[ClusterMetadata, dict[ShardKey, RestorePlan]]:
     """The archived metadata and each shard's plan at the point."""
+    metadata, _, plans = _point(store, time_ms, offsets)
+    return metadata, plans
+
+
+def _point(
+    store: ArchiveStore, time_ms: int | None, offsets: Mapping[ShardKey, int]
+) -> tuple[ClusterMetadata, dict[ShardKey, Manifest], dict[ShardKey, RestorePlan]]:
+    """`plan_point`, with the manifests each shard's plan was made from (read once)."""
     metadata = archived_metadata(store)
     if metadata is None:
         raise ArchiveError(f"nothing is archived at {store.url} (no cluster metadata there)")
@@ -230,11 +236,12 @@ def plan_point(
             f"its shards are {', '.join(f'{n}/{i}' for n, i in sorted(metadata.shards))}"
         )
     with store_errors(store):
+        manifests = {key: _manifest(store, key) for key in sorted(metadata.shards)}
         plans = {
-            key: plan_restore(_manifest(store, key), offsets.get(key), time_ms)
-            for key in sorted(metadata.shards)
+            key: plan_restore(manifest, offsets.get(key), time_ms)
+            for key, manifest in manifests.items()
         }
-    return metadata, plans
+    return metadata, manifests, plans
 
 
 def _manifest(store: ArchiveStore, key: ShardKey) -> Manifest:
