@@ -234,8 +234,10 @@ class _NodeLink:
                         f"node {self.name} (internal address {self.internal_address}) refuses "
                         "this coordinator's cluster secret; give both the same --cluster-secret-file",
                     )
-                elif not self.up:
+                elif not self.up and self.server.is_current(self):
                     self.server.note_unreachable(self, e)
+            if not self.server.is_current(self):
+                return  # a new registration replaced this link; it is being closed
             if self.up:
                 log.warning("lost node %s", self.server.addresses.describe(self.name))
             self.up = False
@@ -491,6 +493,10 @@ class CoordinatorServer:
                 "host loses them together; give the cluster at least as many hosts as the "
                 "replication factor"
             )
+
+    def is_current(self, link: _NodeLink) -> bool:
+        """Whether `link` is still its node's link (a new registration replaces it)."""
+        return self._links.get(link.name) is link
 
     def note_unreachable(self, link: _NodeLink, error: grpc.aio.AioRpcError) -> None:
         """A node's health stream cannot be opened: after `UNREACHABLE_WARNING_S`, says
