@@ -30,8 +30,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
@@ -39,6 +40,7 @@ from typing import IO, Any, Protocol, TypeVar
 import grpc
 import oxia
 import oxia.ex
+import pytest
 import xxhash
 
 from quorumstore.proto import quorumstore_data_pb2 as data_pb
@@ -918,3 +920,51 @@ class WriteLoad:
             f"verified {len(acked)} acknowledged writes by get and by range scan ({len(scanned)} keys) "
             f"in {time.monotonic() - started:.1f} s; {self.failures} put attempts had failed"
         )
+
+
+# ------------------------------------------------------------------ S3
+
+#: The bucket the tests' S3-compatible server holds.
+S3_BUCKET = "qs-archive"
+
+
+@contextmanager
+def moto_s3() -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """An S3-compatible server (moto) on loopback with `S3_BUCKET`; yields its endpoint
+    and functions that stop it and start it again (its contents survive)."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    port = free_ports(1)
+    servers = [ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)]
+    servers[0].start()
+
+    def stop() -> None:
+        servers[-1].stop()
+
+    def start() -> None:
+        servers.append(ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False))
+        servers[-1].start()
+
+    endpoint = f"http://127.0.0.1:{port}"
+    s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint).mkdir(S3_BUCKET)
+    try:
+        yield endpoint, stop, start
+    finally:
+        servers[-1].stop()
+
+
+def s3_environment(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    """Points fsspec's S3 filesystem, here and in the processes a test starts, at `endpoint`
+    (fsspec reads its environment once, at import: this process needs its config too)."""
+    import fsspec.config
+
+    monkeypatch.setitem(
+        fsspec.config.conf,
+        "s3",
+        {"endpoint_url": endpoint, "key": "testing", "secret": "testing"},
+    )
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", endpoint)

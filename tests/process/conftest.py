@@ -20,10 +20,18 @@ from cluster_harness import (
     LocalCluster,
     WriteLoad,
     free_ports,
+    moto_s3,
 )
 from quorumstore.testing import standalone_server
 
 # ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """An S3-compatible server on loopback; see `cluster_harness.moto_s3`."""
+    with moto_s3() as server:
+        yield server
 
 
 @pytest.hookimpl(hookwrapper=True)

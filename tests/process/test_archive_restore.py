@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_harness import free_ports, run_cli, start_cli
+from cluster_harness import S3_BUCKET, run_cli, s3_environment, start_cli
 from quorumstore import Client
 from quorumstore.archive.store import ArchiveStore
 from quorumstore.client import QuorumStoreError
@@ -27,7 +27,6 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 _LISTENING = re.compile(r"listening on (\S+)")
 _STATUS = re.compile(r"status --coordinator (\S+)")
-_BUCKET = "qs-archive"
 
 
 class Standalone:
@@ -117,34 +116,6 @@ def _read_all(address: str, keys: list[str]) -> dict[str, bytes | None]:
 # ------------------------------------------------------------------ archives
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
-    """An S3-compatible server on loopback with the archive's bucket; yields its
-    endpoint and functions that stop and start it again (its contents survive)."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_ports(1)
-    servers = [ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)]
-    servers[0].start()
-
-    def stop() -> None:
-        servers[-1].stop()
-
-    def start() -> None:
-        servers.append(ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False))
-        servers[-1].start()
-
-    endpoint = f"http://127.0.0.1:{port}"
-    import s3fs
-
-    fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint)
-    fs.mkdir(_BUCKET)
-    try:
-        yield endpoint, stop, start
-    finally:
-        servers[-1].stop()
-
-
 @pytest.fixture(params=["local", "s3"])
 def archive_url(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -154,15 +125,8 @@ def archive_url(
     if request.param == "local":
         return str(tmp_path / "archive")
     endpoint, _, _ = request.getfixturevalue("moto_endpoint")
-    _s3_environment(monkeypatch, endpoint)
-    return f"s3://{_BUCKET}/{request.node.name.replace('[', '-').rstrip(']')}-{time.time_ns()}"
-
-
-def _s3_environment(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", endpoint)
+    s3_environment(monkeypatch, endpoint)
+    return f"s3://{S3_BUCKET}/{request.node.name.replace('[', '-').rstrip(']')}-{time.time_ns()}"
 
 
 # ------------------------------------------------------------------ tests
@@ -308,8 +272,8 @@ def test_an_unreachable_archive_delays_nothing_but_the_archive(
     """Writes go on while the S3 server is down, the status shows the lag growing and the
     failure, and once the server is back the archive catches up."""
     endpoint, stop, start = moto_endpoint
-    _s3_environment(monkeypatch, endpoint)
-    url = f"s3://{_BUCKET}/unreachable-{time.time_ns()}"
+    s3_environment(monkeypatch, endpoint)
+    url = f"s3://{S3_BUCKET}/unreachable-{time.time_ns()}"
     with standalone(tmp_path / "data", "--archive-url", url) as server:
         with Client(server.address) as client:
             client.put("/down/first", b"1")

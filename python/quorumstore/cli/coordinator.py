@@ -4,12 +4,16 @@ or as an operator runs it beside nodes on other machines."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from quorumstore import event_loops
 from quorumstore.cli import options
 from quorumstore.cli.errors import CliError
-from quorumstore.cli.serving import wait_for_signal
+from quorumstore.cli.serving import serve_until_signal
 from quorumstore.wire.metadata import DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:
+    from quorumstore.coordinator.server import CoordinatorServer
 
 HELP = "the coordinator of a set of nodes"
 
@@ -78,6 +82,12 @@ async def _serve(args: argparse.Namespace) -> None:
     await coordinator.start()
     print(f"quorumstore coordinator admin on {coordinator.admin_address}", flush=True)
     try:
-        await wait_for_signal()
+        await serve_until_signal(_deposed(coordinator))
     finally:
         await coordinator.stop()
+
+
+async def _deposed(coordinator: CoordinatorServer) -> None:
+    """Raises once another coordinator took this one's metadata location."""
+    await coordinator.ended.wait()
+    raise CliError(str(coordinator.deposed))

@@ -49,6 +49,6 @@ async def _serve(args: argparse.Namespace) -> None:
         flush=True,
     )
     try:
-        await serve_until_signal(node)
+        await serve_until_signal(node.wait())
     finally:
         await node.stop()

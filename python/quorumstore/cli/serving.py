@@ -1,14 +1,11 @@
 """How the commands that run a server in this process (`standalone`, `node`,
-`coordinator`) wait: until SIGINT or SIGTERM, or until the node fails."""
+`coordinator`) wait: until SIGINT or SIGTERM, or until the server fails."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from quorumstore.node.node import Node
+from collections.abc import Awaitable
 
 
 async def wait_for_signal() -> None:
@@ -20,10 +17,11 @@ async def wait_for_signal() -> None:
     await stop.wait()
 
 
-async def serve_until_signal(node: Node) -> None:
-    """Returns on SIGINT or SIGTERM; raises the node's ReplicaFailure if a shard fails first."""
+async def serve_until_signal(failure: Awaitable[None]) -> None:
+    """Returns on SIGINT or SIGTERM; raises what `failure` raises if it ends first (a
+    node's ReplicaFailure, a coordinator that another one deposed)."""
     signalled = asyncio.ensure_future(wait_for_signal())
-    failed = asyncio.ensure_future(node.wait())
+    failed = asyncio.ensure_future(failure)
     done, pending = await asyncio.wait([signalled, failed], return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()

@@ -112,7 +112,7 @@ async def _serve(args: argparse.Namespace) -> None:
             f"  shards: {shards}, data: {data_dir}, status: quorumstore status --coordinator {coordinator.admin_address}",
             flush=True,
         )
-        await serve_until_signal(node)
+        await serve_until_signal(node.wait())
     finally:
         if coordinator is not None:
             await coordinator.stop()

@@ -10,10 +10,13 @@ Two coordinators on one location would overwrite each other's terms and fence ea
 other's leaders, so a coordinator holds the location while it runs (`hold`). A local
 path is held with an advisory `flock` on a lock file beside it, which the kernel
 releases when the process dies, kill -9 included; the file names the holder for the
-error the next coordinator reports. Other filesystems are not held: fsspec has no
-portable conditional write (S3's If-Match and GCS's generations are each
-filesystem's own API), so on an object store running one coordinator per URL is the
-operator's job.
+error the next coordinator reports. On S3 (and S3-compatible stores) the location is
+held with conditional writes (`object_lease`): a lease object beside the record, which
+the coordinator renews, refuses a second coordinator; and every save of the record
+names the version this coordinator wrote last, so a coordinator that lost the location
+cannot overwrite what its successor saved. Other filesystems have no such condition
+that fsspec reaches (GCS generations, Azure leases are each their own API); there,
+running one coordinator per URL is the operator's job, and `hold` says so.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ import fsspec
 
 from quorumstore.archive.restore import archived_metadata
 from quorumstore.archive.store import ArchiveStore, is_local
+from quorumstore.coordinator.object_lease import (
+    LEASE_S,
+    ConditionalObject,
+    ConditionFailed,
+    ObjectLease,
+    supports_conditional_writes,
+)
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata
 from quorumstore.storage.durable_files import replace_durably
@@ -49,8 +59,12 @@ class MetadataError(ValueError):
     other nodes than configured."""
 
 
+class MetadataTaken(MetadataError):
+    """Another coordinator took the location from this one, which must stop deciding."""
+
+
 class MetadataStore:
-    def __init__(self, url: str):
+    def __init__(self, url: str, lease_s: float = LEASE_S):
         self.url = url
         try:
             self._fs, self._path = fsspec.core.url_to_fs(url)
@@ -61,6 +75,15 @@ class MetadataStore:
             ) from e
         self._local = is_local(self._fs)
         self._lock_fd: int | None = None
+        #: On an object store with conditional writes: the record, replaced only in the
+        #: version this store read or wrote last, and the lease beside it.
+        self._record: ConditionalObject | None = None
+        self.lease: ObjectLease | None = None
+        if not self._local and supports_conditional_writes(self._fs):
+            self._record = ConditionalObject(self._fs, self._path)
+            self.lease = ObjectLease(
+                ConditionalObject(self._fs, self._path + ".lock"), _holder(), lease_s
+            )
 
     @property
     def lock_path(self) -> Path | None:
@@ -70,8 +93,18 @@ class MetadataStore:
     def hold(self) -> None:
         """Takes the location for this store until `release` or the process's end; raises
         MetadataError, naming the holder, if another coordinator has it."""
+        if self.lease is not None:
+            self.lease.take(self._in_use)
+            return
         path = self.lock_path
-        if path is None or self._lock_fd is not None:
+        if path is None:
+            log.warning(
+                "coordinator metadata at %s is not held against a second coordinator: this "
+                "filesystem offers no lock or conditional write; run one coordinator per location",
+                self.url,
+            )
+            return
+        if self._lock_fd is not None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -80,17 +113,35 @@ class MetadataStore:
         except BlockingIOError:
             holder = os.read(fd, 512).decode(errors="replace").strip() or "a process"
             os.close(fd)
-            raise MetadataError(
-                f"coordinator metadata at {self.url} is in use by another coordinator "
-                f"({holder}, holding {path}); run one coordinator per metadata location: "
-                "stop that one first, or give this one another location"
-            ) from None
+            raise self._in_use(f"{holder}, holding {path}") from None
         except BaseException:
             os.close(fd)
             raise
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        os.write(fd, f"{_holder()}\n".encode())
         self._lock_fd = fd
+
+    def _in_use(self, holder: str) -> MetadataError:
+        return MetadataError(
+            f"coordinator metadata at {self.url} is in use by another coordinator "
+            f"({holder}); run one coordinator per metadata location: "
+            "stop that one first, or give this one another location"
+        )
+
+    def renew(self) -> None:
+        """Renews the lease on an object store; raises MetadataTaken if it was taken."""
+        if self.lease is None:
+            return
+        try:
+            self.lease.renew()
+        except ConditionFailed as e:
+            raise self._taken() from e
+
+    def _taken(self) -> MetadataTaken:
+        return MetadataTaken(
+            f"another coordinator took the coordinator metadata at {self.url}; this one "
+            "stops deciding (two coordinators on one location would overwrite each other's terms)"
+        )
 
     def release(self) -> None:
         """Lets another coordinator take the location; the lock file stays (deleting it
@@ -98,12 +149,22 @@ class MetadataStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self.lease is not None:
+            try:
+                self.lease.release()
+            except OSError as e:  # the next coordinator then waits out the lease
+                log.warning("could not release the lease on %s: %s", self.url, e)
 
     def load(self) -> ClusterMetadata | None:
         """The saved metadata, or None if nothing was saved yet."""
-        if not self._fs.exists(self._path):
+        if self._record is not None:
+            data = self._record.read()
+            if data is None:
+                return None
+        elif not self._fs.exists(self._path):
             return None
-        data = self._fs.cat_file(self._path)
+        else:
+            data = self._fs.cat_file(self._path)
         record = pb.CoordinatorMetadata()
         try:
             record.ParseFromString(data)
@@ -122,8 +183,17 @@ class MetadataStore:
         data = wire.metadata_to_pb(metadata).SerializeToString()
         if self._local:
             replace_durably(Path(self._path), data)
+        elif self._record is not None:
+            try:
+                self._record.write(data)
+            except ConditionFailed as e:
+                raise self._taken() from e
         else:
             self._fs.pipe_file(self._path, data)
+
+
+def _holder() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"
 
 
 def take_archived(store: MetadataStore, archive: ArchiveStore) -> ClusterMetadata | None:

@@ -30,7 +30,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -42,7 +42,12 @@ from quorumstore.coordinator.failure_timeout import (
     check_failure_timeout,
     failure_ticks,
 )
-from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore, take_archived
+from quorumstore.coordinator.metadata_store import (
+    MetadataError,
+    MetadataStore,
+    MetadataTaken,
+    take_archived,
+)
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
 from quorumstore.protocol.coordinator import (
@@ -279,6 +284,10 @@ class CoordinatorServer:
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Set when the coordinator stops deciding on its own: another one took its
+        #: metadata location (`deposed` says so).
+        self.ended = asyncio.Event()
+        self.deposed: MetadataTaken | None = None
         self._admin: grpc.aio.Server | None = None
         self.admin_address: str | None = None
         self._registry: grpc.aio.Server | None = None
@@ -306,6 +315,8 @@ class CoordinatorServer:
             )
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.store.hold)
+        if self.store.lease is not None:
+            self._spawn(self._lease_loop(self.store.lease.renew_every_s))
         try:
             await self.open_registry()
             await self._start_engine(loop)
@@ -551,6 +562,8 @@ class CoordinatorServer:
                 await loop.run_in_executor(None, self.store.save, metadata)
                 self._archived(metadata)
                 return
+            except MetadataTaken as e:
+                self._deposed(e)
             except Exception as e:  # noqa: BLE001 - any failure to persist is retried
                 delay = backoff.delay_after()
                 log.error(
@@ -562,6 +575,34 @@ class CoordinatorServer:
                     delay,
                 )
                 await asyncio.sleep(delay)
+
+    async def _lease_loop(self, every_s: float) -> None:
+        """Renews the lease on the metadata location; an object store's outage is waited
+        out (a successor cannot save over this coordinator's record meanwhile)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await loop.run_in_executor(None, self.store.renew)
+            except MetadataTaken as e:
+                self._deposed(e)
+            except Exception as e:  # noqa: BLE001 - retried at the next renewal
+                log.warning("renewing the lease on %s failed: %s", self.config.metadata_url, e)
+
+    def _deposed(self, error: MetadataTaken) -> NoReturn:
+        """Another coordinator took the metadata location: this one decides nothing more
+        (its saves would fail anyway); `ended` is set and `deposed` says why. Ends the
+        calling task too."""
+        log.error("%s", error)
+        self.deposed = error
+        self.ended.set()
+        for task in list(self._tasks):
+            if task is not asyncio.current_task():
+                task.cancel()
+        links, self._links = list(self._links.values()), {}
+        for link in links:
+            self._spawn(link.close())
+        raise asyncio.CancelledError from error
 
     # ------------------------------------------------------------------ outputs
 
