@@ -173,25 +173,19 @@ class NodeJob(threading.Thread):
             )
 
 
-def submit_node_jobs(
-    sc: SparkContext,
+def node_task_spec(
     config: HostingConfig,
-    cluster_id: str,
     coordinator: str,
-    on_spark_stopped: Callable[[], None],
-    preferred_hosts: Callable[[], Mapping[int, str]],
     secret: ClusterSecret,
     ca: CertificateAuthority,
-    restore: LatestRestore | None = None,
-) -> list[NodeJob]:
-    """Starts the node jobs of `config.placement`; each runs until cancelled, or until
-    the SparkContext stops under it, which it reports through `on_spark_stopped`. The
-    nodes register with the coordinator's registry at `coordinator`. The cluster
-    `secret`, each node's certificate from the cluster's `ca`, and the client ports' TLS
-    and auth config travel to the executors inside the tasks' closure, and so does the
-    `restore` the nodes carry out before they start, if any."""
-    barrier = config.placement == "barrier"
-    spec = node_task.NodeTaskSpec(
+    *,
+    barrier: bool,
+    restore: LatestRestore | None,
+) -> node_task.NodeTaskSpec:
+    """What every node task of `config` gets: its ports, the coordinator's registry at
+    `coordinator`, the cluster secret, each node's certificate from `ca`, and the
+    `restore` to carry out before starting, if any."""
+    return node_task.NodeTaskSpec(
         host=config.host,
         client_ports=tuple(config.client_port(i) for i in range(config.nodes)),
         internal_ports=tuple(config.internal_port(i) for i in range(config.nodes)),
@@ -212,6 +206,27 @@ def submit_node_jobs(
         archive=config.archive,
         restore=restore,
     )
+
+
+def submit_node_jobs(
+    sc: SparkContext,
+    config: HostingConfig,
+    cluster_id: str,
+    coordinator: str,
+    on_spark_stopped: Callable[[], None],
+    preferred_hosts: Callable[[], Mapping[int, str]],
+    secret: ClusterSecret,
+    ca: CertificateAuthority,
+    restore: LatestRestore | None = None,
+) -> list[NodeJob]:
+    """Starts the node jobs of `config.placement`; each runs until cancelled, or until
+    the SparkContext stops under it, which it reports through `on_spark_stopped`. The
+    nodes register with the coordinator's registry at `coordinator`. The cluster
+    `secret`, each node's certificate from the cluster's `ca`, and the client ports' TLS
+    and auth config travel to the executors inside the tasks' closure, and so does the
+    `restore` the nodes carry out before they start, if any."""
+    barrier = config.placement == "barrier"
+    spec = node_task_spec(config, coordinator, secret, ca, barrier=barrier, restore=restore)
     body = functools.partial(node_task.serve_partition, spec)
     if barrier:
         groups = [
