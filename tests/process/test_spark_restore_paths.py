@@ -40,7 +40,7 @@ from quorumstore.protocol.messages import ShardKey
 from quorumstore.spark import node_task
 from quorumstore.spark.config import HostingConfig
 from quorumstore.spark.coordinator_thread import CoordinatorThread
-from quorumstore.spark.hosting import HostedCluster, _serving, coordinator_config
+from quorumstore.spark.hosting import ClusterStartError, HostedCluster, _serving, coordinator_config
 from quorumstore.spark.node_jobs import node_task_spec
 from quorumstore.storage.replica_files import load_incarnation, replica_dir
 from quorumstore.wire.auth import ClusterSecret
@@ -375,3 +375,15 @@ def test_the_restored_nodes_serve_the_archived_keys(tmp_path: Path, archived: Ar
     finally:
         restarted.close()
     assert [len(_set_aside(hosts / f"node{i}")) for i in range(NODES)] == [1, 0, 0]
+
+
+def test_an_archive_of_a_larger_cluster_is_refused_naming_the_missing_nodes(
+    tmp_path: Path, archived: Archived
+) -> None:
+    """An application with fewer nodes than the archived cluster has no task for some
+    replicas: the start is refused at once, naming them, and plans nothing."""
+    config = replace(_config(tmp_path / "hosts", _archive_copy(archived, tmp_path)), nodes=2)
+    with pytest.raises(ClusterStartError, match=r"shards are on node2, which this application"):
+        _driver(config)._planned_restore()
+    assert MetadataStore(config.metadata_url).load() is None
+    assert not Path(config.metadata_url + ".restore-plan").exists()

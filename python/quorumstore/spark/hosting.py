@@ -44,6 +44,7 @@ from quorumstore.coordinator.cluster_status import (
 from quorumstore.coordinator.metadata_store import MetadataStore
 from quorumstore.coordinator.server import CoordinatorServer, CoordinatorServerConfig
 from quorumstore.proto import replication_pb2 as pb
+from quorumstore.protocol.coordinator import placed_nodes
 from quorumstore.spark.conf_keys import warn_unknown_keys
 from quorumstore.spark.config import TOKEN_CONF, HostingConfig, local_master, node_path
 from quorumstore.spark.coordinator_thread import CoordinatorThread
@@ -398,6 +399,15 @@ class HostedCluster:
         if metadata.load() is not None or archived_metadata(archive) is None:
             return None
         restore = LatestRestore.plan(archive)
+        strangers = sorted(placed_nodes(restore.metadata) - set(self.config.node_names))
+        if strangers:
+            raise ClusterStartError(
+                f"the archive at {self.config.archive_url} holds a cluster whose shards are on "
+                f"{', '.join(strangers)}, which this application has no node for (its nodes are "
+                f"{', '.join(self.config.node_names)}): a Spark-hosted cluster restores only an "
+                "archive of a Spark-hosted cluster with at least as many nodes; restore other "
+                "archives with `quorumstore restore`, or set spark.quorumstore.nodes"
+            )
         fs.makedirs(pending.rpartition("/")[0], exist_ok=True)
         fs.pipe_file(pending, pickle.dumps(restore))
         metadata.save(restore.metadata)
