@@ -33,7 +33,7 @@ from pyspark.sql.datasource import (
 from cluster_harness import LocalCluster
 from quorumstore import Client
 from quorumstore.arrow.ipc import ipc_bytes, read_ipc
-from quorumstore.client.data_service import DataClient, DataClientError
+from quorumstore.client.data_service import STAGE_COPY_GRACE_S, DataClient, DataClientError
 from quorumstore.node.data.writes import MAX_ENTRY_BYTES, MAX_WRITE_BYTES, PIECE_BYTES
 from quorumstore.proto import quorumstore_data_pb2 as pb
 from quorumstore.proto import quorumstore_data_pb2_grpc as pb_grpc
@@ -645,6 +645,47 @@ def test_rows_staged_before_a_leader_change_are_published_by_the_new_leader(
             assert scan_all(c, ranges=prefix_ranges("moved/")) == dict(
                 zip(table.column("key").to_pylist(), table.column("value").to_pylist())
             )
+            c.discard(write_id)
+    finally:
+        cluster.close()
+
+
+def test_calls_on_every_shard_leave_their_client_with_the_leaders_they_found(
+    tmp_path: Path,
+) -> None:
+    """A leader that `each_shard`'s calls found elected (their table came from this
+    client, which had not seen the election) is this client's leader afterwards: the
+    next round's calls go to it, not to the paused node it replaced first. Staging
+    copies are not waited for on a node a fault held a call on, so rounds with that
+    node still paused take far less than the copy grace plus a watch's check."""
+    cluster = LocalCluster(tmp_path, nodes=3, shards=3, replication_factor=3, fsync=False)
+    try:
+        cluster.start()
+        with DataClient(",".join(cluster.nodes), retry_s=30) as c:
+            before = {s.shard: s for s in c.shards()}
+            victim = before[0].leader
+            led = [s.shard for s in before.values() if s.leader == victim]
+            write_id = uuid.uuid4().hex
+            table = rows(["a"])
+            cluster.pause(victim)
+            try:
+                c.each_shard(
+                    led, lambda client, shard: client.stage(shard, write_id, "p", 0, table)
+                )
+                after = {s.shard: s for s in c.shards()}
+                for shard in led:
+                    assert after[shard].term > before[shard].term, after[shard]
+                    assert after[shard].leader not in ("", victim), after[shard]
+                started = time.monotonic()
+                c.each_shard(
+                    led, lambda client, shard: client.stage(shard, write_id, "p", 1, table)
+                )
+                took = time.monotonic() - started
+            finally:
+                cluster.resume(victim)
+            # Without the first, a watch's first check (LEADER_CHECK_S) and more; without
+            # the second, the copy grace.
+            assert took < STAGE_COPY_GRACE_S, f"a round with the node paused took {took:.2f} s"
             c.discard(write_id)
     finally:
         cluster.close()

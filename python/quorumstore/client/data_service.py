@@ -87,6 +87,12 @@ SLOW_CALL_S = 1.0
 #: Node -> when a watch last gave up a call on it.
 _suspects: dict[str, float] = {}
 
+
+def _suspected(address: str, now: float) -> bool:
+    """Whether a watch gave up a call on `address` within `SUSPECT_S` of `now`."""
+    return now - _suspects.get(address, -SUSPECT_S) < SUSPECT_S
+
+
 _T = TypeVar("_T")
 _K = TypeVar("_K")
 
@@ -388,8 +394,10 @@ class DataClient:
         """`call(client, shard_id)` for every shard at once, each on a client of its own
         (clients are not thread-safe) that starts from this one's routing table: a fault
         that holds one shard's leader delays that shard's call, not every call after it.
+        The leaders they found elected meanwhile are this client's too afterwards.
         Returns each shard's result, or the DataClientError its call raised."""
         shards = self.shards()
+        learned: list[list[Shard]] = []
 
         def run(shard_id: int) -> _T | DataClientError:
             with DataClient(
@@ -404,11 +412,26 @@ class DataClient:
                     return call(client, shard_id)
                 except DataClientError as e:
                     return e
+                finally:
+                    learned.append(client.shards())
 
         if len(shard_ids) <= 1:
-            return {shard_id: run(shard_id) for shard_id in shard_ids}
-        with ThreadPoolExecutor(len(shard_ids), thread_name_prefix="quorumstore-shard") as pool:
-            return dict(zip(shard_ids, pool.map(run, shard_ids)))
+            results = {shard_id: run(shard_id) for shard_id in shard_ids}
+        else:
+            with ThreadPoolExecutor(len(shard_ids), thread_name_prefix="quorumstore-shard") as pool:
+                results = dict(zip(shard_ids, pool.map(run, shard_ids)))
+        for table in learned:
+            self._adopt(table)
+        return results
+
+    def _adopt(self, table: list[Shard]) -> None:
+        """Takes each shard's entry from `table` where it names a later term."""
+        own = {s.shard: s for s in self.shards()}
+        newer = [s for s in table if s.shard in own and s.term > own[s.shard].term]
+        if newer:
+            own.update((s.shard, s) for s in newer)
+            self._shards = [own[k] for k in sorted(own)]
+            self._map = None
 
     # -------------------------------------------------------------- retries
 
@@ -438,7 +461,7 @@ class DataClient:
         leader = [s.leader] if s.leader else []
         ordered = followers + leader if prefer_follower else leader + followers
         now = time.monotonic()
-        return sorted(ordered, key=lambda a: now - _suspects.get(a, -SUSPECT_S) < SUSPECT_S)
+        return sorted(ordered, key=lambda a: _suspected(a, now))
 
     def _on_shard(
         self,
@@ -756,8 +779,9 @@ class DataClient:
         """Keeps rows on the shard's replicas under (write id, part, chunk); returns their
         count. The leader must take them; the followers get copies at the same time, so
         that a leader elected before the publish has them too. A follower's copy is
-        waited for as long again as the leader took, at least `STAGE_COPY_GRACE_S`; one
-        that a fault holds is left behind (a publish on that node would be refused)."""
+        waited for as long again as the leader took, at least `STAGE_COPY_GRACE_S` unless
+        a fault held a call on that node lately; one that a fault holds is left behind
+        (a publish on that node would be refused)."""
         request = pb.StageArrowRequest(
             namespace=self.namespace,
             shard=shard_id,
@@ -767,11 +791,11 @@ class DataClient:
             ipc=ipc_bytes(rows.select(ROWS_SCHEMA.names)),
         )
         started = time.monotonic()
-        copies = [
-            self._stub(address).StageArrow.future(request, timeout=_CALL_TIMEOUT_S)
+        copies = {
+            address: self._stub(address).StageArrow.future(request, timeout=_CALL_TIMEOUT_S)
             for address in self.shard(shard_id).followers
             if address
-        ]
+        }
         try:
             response = self._on_shard(
                 shard_id,
@@ -779,12 +803,17 @@ class DataClient:
                 lambda stub: stub.StageArrow(request, timeout=_CALL_TIMEOUT_S),
             )
             waited = time.monotonic() - started
-            deadline = time.monotonic() + max(waited, STAGE_COPY_GRACE_S)
-            for copy in copies:
-                with contextlib.suppress(grpc.RpcError, grpc.FutureTimeoutError):
-                    copy.result(timeout=max(deadline - time.monotonic(), 0.0))
+            now = time.monotonic()
+            for address, copy in copies.items():
+                # A node a fault held a call on lately gets no grace beyond the leader's time.
+                grace = waited if _suspected(address, now) else max(waited, STAGE_COPY_GRACE_S)
+                try:
+                    copy.result(timeout=max(now + grace - time.monotonic(), 0.0))
+                except (grpc.RpcError, grpc.FutureTimeoutError):
+                    continue
+                _suspects.pop(address, None)  # it answers again
         finally:
-            for copy in copies:
+            for copy in copies.values():
                 copy.cancel()
         return response.rows
 
