@@ -10,9 +10,9 @@ the fault took to come back.
 
 - **state-store**: a rate source (200 rows/s) counted by 20 keys with quorumstore's
   provider, micro-batches back to back; checked: the counts sum to the rows read.
-- **dataframe**: a loop of a 50-row append to new keys and a read of them back; checked:
-  every read returned all of its job's rows, and a final read holds every acknowledged
-  job's rows.
+- **dataframe**: three loops at once of a 50-row append to new keys and a read of them
+  back; checked: every read returned all of its job's rows, and a final read holds every
+  acknowledged job's rows.
 - **change-feed**: quorumstore's client puts 100 keys/s while a streaming query reads the
   change feed; checked: every acknowledged put is in the feed.
 """
@@ -38,6 +38,8 @@ SPARK_KINDS = ("state-store", "dataframe", "change-feed")
 RATE_ROWS_PER_S = 200
 STATE_KEYS = 20
 DATAFRAME_ROWS = 50
+#: Job loops of the dataframe kind, running at once.
+DATAFRAME_LOOPS = 3
 FEED_PUTS_PER_S = 100
 #: How long a streaming query may take to catch up once the faults end.
 DRAIN_TIMEOUT_S = 120.0
@@ -142,55 +144,78 @@ def _state_store(
 
 
 def _dataframe(spark: Any, run: Callable[[], Phases]) -> RunResult:
-    """The jobs run on this thread (a Python data source registered in a session is found
-    by the jobs of the thread that registered it), the phases on another."""
+    """`DATAFRAME_LOOPS` job loops, each on a thread of its own, the phases on this one.
+    Several loops, like the client kinds' six workers: some job starts soon after each
+    fault, instead of only after the job the fault caught ends."""
     from pyspark.sql import functions as F
 
     spans: list[Span] = []
     failures: list[str] = []
-    ran: list[Phases] = []
-    timings: list[tuple[float, int, float]] = []  # (job's seconds, job, its write's seconds)
-    phases_thread = threading.Thread(target=lambda: ran.append(run()), daemon=True)
-    n = 0
-    while n <= 1 or phases_thread.is_alive():
-        if n == 1:  # the first job, which starts the Python workers, is not measured
-            spans.clear()
-            timings.clear()
-            phases_thread.start()
-        prefix = f"/df/{n:07d}/"
+    timings: list[tuple[float, str, float]] = []  # (job's seconds, job, its write's seconds)
+    lock = threading.Lock()
+    warmed = threading.Barrier(DATAFRAME_LOOPS + 1)
+    stop = threading.Event()
+
+    def job(prefix: str) -> tuple[float, float, int]:
         started = time.monotonic()
-        try:
-            rows = spark.range(DATAFRAME_ROWS).select(
-                F.format_string(f"{prefix}%03d", "id").alias("key"),
-                F.col("id").cast("string").cast("binary").alias("value"),
-            )
-            rows.write.format("quorumstore").mode("append").save()
-            written = time.monotonic()
-            read = spark.read.format("quorumstore").option("keyPrefix", prefix).load().count()
-            timings.append((time.monotonic() - started, n, written - started))
-        except Exception as e:  # noqa: BLE001 - a failed job is an outcome to report
-            # The end of a data source error's text holds its Python exception.
-            failures.append(f"job {n}: {type(e).__name__}: ...{str(e)[-400:]}")
-        else:
-            if read != DATAFRAME_ROWS:
-                failures.append(f"job {n}: read {read} of {DATAFRAME_ROWS} rows back")
-            spans.append(Span(started, time.monotonic(), float(DATAFRAME_ROWS)))
-        n += 1
-    phases_thread.join()
-    if not ran:
-        raise RuntimeError("the phases of the dataframe run failed; see the log above")
+        rows = spark.range(DATAFRAME_ROWS).select(
+            F.format_string(f"{prefix}%03d", "id").alias("key"),
+            F.col("id").cast("string").cast("binary").alias("value"),
+        )
+        rows.write.format("quorumstore").mode("append").save()
+        written = time.monotonic()
+        read = spark.read.format("quorumstore").option("keyPrefix", prefix).load().count()
+        return started, written, read
+
+    def loop(index: int) -> None:
+        # A thread's writes find the Python data source only in its active session.
+        spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+        job(f"/df/{index}/warm-up/")  # starts the Python workers; not measured
+        warmed.wait()
+        n = 0
+        while not stop.is_set():
+            name = f"{index}/{n:07d}"
+            started = time.monotonic()
+            try:
+                started, written, read = job(f"/df/{name}/")
+            except Exception as e:  # noqa: BLE001 - a failed job is an outcome to report
+                # The end of a data source error's text holds its Python exception.
+                with lock:
+                    failures.append(f"job {name}: {type(e).__name__}: ...{str(e)[-400:]}")
+            else:
+                ended = time.monotonic()
+                with lock:
+                    if read != DATAFRAME_ROWS:
+                        failures.append(f"job {name}: read {read} of {DATAFRAME_ROWS} rows back")
+                    spans.append(Span(started, ended, float(DATAFRAME_ROWS)))
+                    timings.append((ended - started, name, written - started))
+            n += 1
+
+    loops = [
+        threading.Thread(target=loop, args=(i,), name=f"dataframe-{i}", daemon=True)
+        for i in range(DATAFRAME_LOOPS)
+    ]
+    for thread in loops:
+        thread.start()
+    warmed.wait(timeout=300)
+    try:
+        phases = run()
+    finally:
+        stop.set()
+        for thread in loops:
+            thread.join()
     stored = spark.read.format("quorumstore").option("keyPrefix", "/df/").load().count()
-    acknowledged = len(spans) * DATAFRAME_ROWS
+    acknowledged = (len(spans) + DATAFRAME_LOOPS) * DATAFRAME_ROWS  # with the warm-ups
     correct = not any("read" in f for f in failures) and stored >= acknowledged
     report = (
-        f"{len(spans)} jobs of {DATAFRAME_ROWS} rows acknowledged and read back, "
-        f"{len(failures)} failed{': ' + failures[0] if failures else ''}; {stored} rows "
-        f"stored (every acknowledged one: {stored >= acknowledged})"
+        f"{DATAFRAME_LOOPS} loops; {len(spans)} jobs of {DATAFRAME_ROWS} rows acknowledged and "
+        f"read back, {len(failures)} failed{': ' + failures[0] if failures else ''}; {stored} "
+        f"rows stored (every acknowledged one: {stored >= acknowledged})"
     )
     if timings:
-        total, job, write = max(timings)
-        report += f"; slowest job {job}: {total:.2f} s, its write {write:.2f} s"
-    return _result("dataframe", spans, ran[0], correct, report)
+        total, name, write = max(timings)
+        report += f"; slowest job {name}: {total:.2f} s, its write {write:.2f} s"
+    return _result("dataframe", spans, phases, correct, report)
 
 
 def _change_feed(
