@@ -100,19 +100,10 @@ class ConditionalObject:
 class ObjectLease:
     """A lease on a location, kept in `lock` as JSON: who holds it and when it renewed."""
 
-    def __init__(
-        self,
-        lock: ConditionalObject,
-        holder: str,
-        lease_s: float = LEASE_S,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ):
+    def __init__(self, lock: ConditionalObject, holder: str, lease_s: float = LEASE_S):
         self._lock = lock
         self.holder = holder
         self.lease_s = lease_s
-        self._clock = clock
-        self._sleep = sleep
         #: Whether this lease was taken and not released: only then is the object ours.
         self.held = False
 
@@ -124,7 +115,7 @@ class ObjectLease:
         """Takes the lease, waiting up to a lease period to see whether a holder still
         renews it; raises `refuse(holder)` if it does. A lease whose record says it
         was released, or is unreadable, is taken at once."""
-        while True:
+        while not self.held:
             record = _parse(self._lock.read())
             if record is not None and not record.get("released"):
                 seen = self._lock.etag
@@ -139,15 +130,14 @@ class ObjectLease:
             try:
                 self._lock.write(self._record(released=False))
                 self.held = True
-                return
             except ConditionFailed:
                 continue  # another coordinator moved first: look again
 
     def _renewed_within_a_lease(self, seen: str | None) -> bool:
         """Whether the lease's version changes (its holder renews) within a lease period."""
-        deadline = self._clock() + self.lease_s
-        while self._clock() < deadline:
-            self._sleep(LEASE_POLL_S)
+        deadline = time.monotonic() + self.lease_s
+        while time.monotonic() < deadline:
+            time.sleep(LEASE_POLL_S)
             data = self._lock.read()
             if self._lock.etag != seen:
                 record = _parse(data)
