@@ -947,7 +947,9 @@ def moto_s3() -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
         servers[-1].start()
 
     endpoint = f"http://127.0.0.1:{port}"
-    s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint).mkdir(S3_BUCKET)
+    fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=endpoint)
+    # moto keeps its buckets per process: an earlier server of this process made it.
+    fs.makedirs(S3_BUCKET, exist_ok=True)
     try:
         yield endpoint, stop, start
     finally:
