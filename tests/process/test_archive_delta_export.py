@@ -222,7 +222,6 @@ def test_spark_reads_the_latest_version(archived: Archived) -> None:
     """Spark's own Parquet reader on the files of the latest version (delta-spark's jar,
     which `format("delta")` needs, cannot be fetched here): the same columns and rows.
     In an interpreter of its own, as every Spark test runs: its JVM outlives the session."""
-    pytest.importorskip("pyspark")
     files = DeltaTable(archived.table).file_uris()
     result = subprocess.run(
         [sys.executable, "-c", _SPARK_READ, *files],

@@ -421,11 +421,8 @@ class CoordinatorServer:
     async def stop(self) -> None:
         """Stops serving and lets another coordinator take the metadata location; also
         after a failed `start`."""
-        for task in list(self._tasks):
-            task.cancel()
-        for link in self._links.values():
+        for link in self._stop_deciding():
             await link.close()
-        self._links.clear()
         for server in (self._admin, self._registry):
             if server is not None:
                 await server.stop(grace=0.2)
@@ -596,13 +593,18 @@ class CoordinatorServer:
         log.error("%s", error)
         self.deposed = error
         self.ended.set()
+        for link in self._stop_deciding():
+            self._spawn(link.close())
+        raise asyncio.CancelledError from error
+
+    def _stop_deciding(self) -> list[_NodeLink]:
+        """Cancels every task but the caller's and drops the node links; returns the
+        links, for the caller to close."""
         for task in list(self._tasks):
             if task is not asyncio.current_task():
                 task.cancel()
         links, self._links = list(self._links.values()), {}
-        for link in links:
-            self._spawn(link.close())
-        raise asyncio.CancelledError from error
+        return links
 
     # ------------------------------------------------------------------ outputs
 
