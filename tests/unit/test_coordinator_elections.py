@@ -127,12 +127,13 @@ def test_the_first_election_of_a_new_cluster_is_logged_as_info(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.INFO, logger="quorumstore.protocol.coordinator"):
-        _online_coordinator()
+        _, leader = _online_coordinator()
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (
             logging.INFO,
             "shard default/0: election for term 0: no election under way for term -1 (state election)",
-        )
+        ),
+        (logging.INFO, f"shard default/0: {leader} leads term 0"),
     ]
 
 

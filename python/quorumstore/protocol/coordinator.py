@@ -405,6 +405,7 @@ class Coordinator:
         if meta.state is ShardState.ONLINE:
             return
         meta = self._update(msg.shard, leader=msg.node, state=ShardState.ONLINE)
+        log.info("shard %s/%d: %s leads term %d", msg.shard[0], msg.shard[1], msg.node, msg.term)
         self._seen_leading.add(msg.shard)
         election.online_at = self._now
         self._assignments_changed = True

@@ -19,26 +19,45 @@ MESSAGE_SIZE_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
-#: Channels between cluster members (replication, control, the data service): keepalive
-#: pings notice a dead peer on an otherwise idle connection, and a peer back from a
-#: partition or a pause is dialled again within a second. gRPC's defaults wait up to 20 s
-#: for a connection attempt to a host that drops packets, then back off up to two
-#: minutes: a node healed from a partition stayed out of its shards' elections meanwhile
-#: (bench/availability_bench.py saw a leader paused right after another node's heal
-#: replaced 2 s later instead of under 1 s).
-PEER_CHANNEL_OPTIONS = [
-    *MESSAGE_SIZE_OPTIONS,
-    ("grpc.keepalive_time_ms", 10_000),
+#: A connection whose peer died or is paused (SIGSTOP, cut off) fails its calls with
+#: UNAVAILABLE within about two seconds: a ping every second, answered within a second.
+#: Clients set no long deadlines; these pings notice a peer that stopped answering.
+_FAST_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+#: A restarted node is found again within a second, not after gRPC's default backoff,
+#: which grows to two minutes.
+_FAST_RECONNECT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+]
+#: Channels between cluster members (replication, control, the data service).
+#:
+#: - Keepalive pings end a connection whose peer stopped answering within two seconds,
+#:   so calls do not wait on it. A connection that lived through a partition otherwise
+#:   stays open with its unacknowledged packets in TCP's retransmission backoff, which
+#:   after a few seconds of loss resends only every few seconds: after the heal, an
+#:   election's NewTerm to that node waited up to 1.4 s for the next resend while the
+#:   node itself was answering (bench/availability_bench.py).
+#: - A peer back from a partition or a pause is dialled again within a second. gRPC's
+#:   defaults wait up to 20 s for a connection attempt to a host that drops packets,
+#:   then back off up to two minutes.
+PEER_CHANNEL_OPTIONS = [
+    *MESSAGE_SIZE_OPTIONS,
+    *_FAST_KEEPALIVE_OPTIONS,
+    *_FAST_RECONNECT_OPTIONS,
     ("grpc.min_reconnect_backoff_ms", 1000),
 ]
-#: Servers add: no SO_REUSEPORT (gRPC sets it by default on Linux), so that a second
+#: Servers: no SO_REUSEPORT (gRPC sets it by default on Linux), so that a second
 #: process on a node's port fails to start instead of taking half of its connections;
-#: and they accept the clients' and relays' frequent keepalive pings (below) rather
-#: than answer them with GOAWAY "too_many_pings".
+#: they accept their peers', clients' and relays' frequent keepalive pings rather than
+#: answer them with GOAWAY "too_many_pings", and ping an idle client every 10 s.
 SERVER_OPTIONS = [
-    *PEER_CHANNEL_OPTIONS,
+    *MESSAGE_SIZE_OPTIONS,
+    ("grpc.keepalive_time_ms", 10_000),
     ("grpc.so_reuseport", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
@@ -58,21 +77,6 @@ def client_port_options(max_request_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-#: A connection whose peer died or is paused (SIGSTOP, cut off) fails its calls with
-#: UNAVAILABLE within about two seconds: a ping every second, answered within a second.
-#: Clients set no long deadlines; these pings notice a peer that stopped answering.
-_FAST_KEEPALIVE_OPTIONS = [
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
-#: A restarted node is found again within a second, not after gRPC's default backoff,
-#: which grows to two minutes.
-_FAST_RECONNECT_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 #: quorumstore's client: a channel of its own per address (gRPC otherwise shares
 #: subchannels, and with them the reconnect backoff of a dead node, with every later
 #: channel to it); retries are the client's own, never gRPC's.
