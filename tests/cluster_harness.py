@@ -454,6 +454,12 @@ class LocalCluster:
         if wait:
             self._wait_node_serving(node)
 
+    def add_node_args(self, *args: str) -> None:
+        """Appends `args` to every node's command line from its next start on (a flag
+        given again overrides the earlier one)."""
+        for process in self._processes.values():
+            process.argv.extend(args)
+
     def wipe(self, node: str) -> None:
         """Deletes a stopped node's whole data directory."""
         assert not self.is_alive(node), f"wipe {node} only while it is down"

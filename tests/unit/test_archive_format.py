@@ -30,9 +30,10 @@ from quorumstore.archive.objects import (
     frame_chunks,
     read_framed_chunks,
 )
-from quorumstore.archive.restore import rebuild_shard
+from quorumstore.archive.restore import LatestRestore, rebuild_shard
 from quorumstore.archive.shipper import ArchiveSettings, ArchiveShipper
 from quorumstore.archive.store import ArchiveStore
+from quorumstore.protocol.coordinator import initial_metadata
 from quorumstore.protocol.types import EMPTY_POSITION, LogEntry, LogPosition, chain_checksum
 from quorumstore.storage.rocks_kv import RocksKv
 from quorumstore.storage.snapshot import iter_snapshot_chunks
@@ -83,6 +84,19 @@ def test_a_manifest_reads_back_as_written() -> None:
     assert Manifest.from_json(manifest.to_json(), "m") == manifest
     with pytest.raises(ArchiveError, match="unreadable"):
         Manifest.from_json(manifest.to_json()[:-5], "m")
+
+
+def test_a_restore_plan_reads_back_as_written_and_names_only_archived_objects() -> None:
+    manifest = _archive(_log(20))
+    metadata = initial_metadata(["n1", "n2", "n3"], {"default": 1}, 3)
+    restore = LatestRestore("/a", "abc123", metadata, {SHARD: plan_restore(manifest, 15, None)})
+    assert LatestRestore.from_json(restore.to_json(), "p") == restore
+    with pytest.raises(ArchiveError, match="p holds no restore plan"):
+        LatestRestore.from_json(restore.to_json()[:-3], "p")
+    # Object names are paths under the shard's prefix: a plan must not climb out of it.
+    climbing = restore.to_json().replace(b"snapshots/", b"snapshots/../../", 1)
+    with pytest.raises(ArchiveError, match="is not the name of an archived object"):
+        LatestRestore.from_json(climbing, "p")
 
 
 def test_segments_continue_the_head_only() -> None:

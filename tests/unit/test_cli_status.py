@@ -1,4 +1,4 @@
-"""`quorumstore status`'s table, from a coordinator's ClusterStatus."""
+"""`quorumstore status`'s table from a ClusterStatus, and a hosted cluster's status()."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import replace
 from quorumstore.coordinator.cluster_status import format_status
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ShardState, initial_metadata
+from quorumstore.spark.hosting import HostedClusterStatus
 from quorumstore.wire import replication as wire
 
 NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
@@ -49,3 +50,21 @@ def test_a_failed_leaders_last_report_does_not_hide_the_new_leaders() -> None:
     # The dead node's last acked offset would show a lag like a live follower's.
     assert f"{NODES[1]} (2), {NODES[2]} (2, down)" in row, row
     assert table[-1] == f"unreachable nodes: {NODES[2]}"
+
+
+def test_a_hosted_cluster_whose_coordinator_was_deposed_is_not_online_and_says_why() -> None:
+    metadata = initial_metadata(NODES, {"default": 1}, 3)
+    key = ("default", 0)
+    metadata.shards[key] = replace(
+        metadata.shards[key], term=5, leader=NODES[0], state=ShardState.ONLINE
+    )
+    cluster = pb.ClusterStatus(
+        metadata=wire.metadata_to_pb(metadata),
+        replicas=[_leader_report(NODES[0], 5, head=120, commit=118)],
+        nodes_alive=dict.fromkeys(NODES, True),
+    )
+    assert HostedClusterStatus(cluster, ()).online
+    why = "another coordinator took the coordinator metadata at s3://b/m.pb (pid 7 on h)"
+    deposed = HostedClusterStatus(cluster, (), why)
+    assert not deposed.online
+    assert str(deposed).splitlines()[0] == f"coordinator stopped: {why}"

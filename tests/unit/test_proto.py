@@ -188,6 +188,7 @@ def test_internal_service_shapes(recording_channel):
         "/quorumstore.replication.v1.NodeControl/GetStatus": (False, False),
         "/quorumstore.replication.v1.NodeControl/Health": (True, True),
         "/quorumstore.replication.v1.NodeControl/PushShardAssignments": (False, False),
+        "/quorumstore.replication.v1.NodeControl/RebuildFromArchive": (False, False),
         "/quorumstore.replication.v1.Replication/Replicate": (True, True),
         "/quorumstore.replication.v1.Replication/Truncate": (False, False),
         "/quorumstore.replication.v1.Replication/SendSnapshot": (True, False),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +28,9 @@ from quorumstore.protocol.types import EMPTY_POSITION, LogPosition
 
 #: Manifest format; a reader refuses another.
 FORMAT = 1
+#: An archived object's name (`segment_name`, `snapshot_name`): read as a path under its
+#: shard's prefix, so nothing that could climb out of it.
+_OBJECT_NAME = re.compile(r"(segments|snapshots)/[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 
 
 class ArchiveError(ValueError):
@@ -215,26 +219,8 @@ class Manifest:
                 "term": self.term,
                 "head": _position(self.head),
                 "head_time_ms": self.head_time_ms,
-                "snapshots": [
-                    {
-                        "name": s.name,
-                        "position": _position(s.position),
-                        "time_ms": s.time_ms,
-                        "size": s.size,
-                    }
-                    for s in self.snapshots
-                ],
-                "segments": [
-                    {
-                        "name": s.name,
-                        "first": s.first,
-                        "last": _position(s.last),
-                        "first_time_ms": s.first_time_ms,
-                        "last_time_ms": s.last_time_ms,
-                        "size": s.size,
-                    }
-                    for s in self.segments
-                ],
+                "snapshots": [_snapshot_to_json(s) for s in self.snapshots],
+                "segments": [_segment_to_json(s) for s in self.segments],
             },
             indent=1,
         ).encode()
@@ -253,28 +239,56 @@ class Manifest:
                 term=int(raw["term"]),
                 head=_from_position(raw["head"]),
                 head_time_ms=int(raw["head_time_ms"]),
-                snapshots=tuple(
-                    SnapshotRef(
-                        s["name"], _from_position(s["position"]), int(s["time_ms"]), int(s["size"])
-                    )
-                    for s in raw["snapshots"]
-                ),
-                segments=tuple(
-                    SegmentRef(
-                        s["name"],
-                        int(s["first"]),
-                        _from_position(s["last"]),
-                        int(s["first_time_ms"]),
-                        int(s["last_time_ms"]),
-                        int(s["size"]),
-                    )
-                    for s in raw["segments"]
-                ),
+                snapshots=tuple(_snapshot_from_json(s) for s in raw["snapshots"]),
+                segments=tuple(_segment_from_json(s) for s in raw["segments"]),
             )
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
             if isinstance(e, ArchiveError):
                 raise
             raise ArchiveError(f"archive manifest {where} is unreadable: {e!r}") from e
+
+
+def _snapshot_to_json(s: SnapshotRef) -> dict[str, Any]:
+    return {"name": s.name, "position": _position(s.position), "time_ms": s.time_ms, "size": s.size}
+
+
+def _snapshot_from_json(raw: Any) -> SnapshotRef:
+    return SnapshotRef(
+        _object_name(raw["name"]),
+        _from_position(raw["position"]),
+        int(raw["time_ms"]),
+        int(raw["size"]),
+    )
+
+
+def _segment_to_json(s: SegmentRef) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "first": s.first,
+        "last": _position(s.last),
+        "first_time_ms": s.first_time_ms,
+        "last_time_ms": s.last_time_ms,
+        "size": s.size,
+    }
+
+
+def _segment_from_json(raw: Any) -> SegmentRef:
+    return SegmentRef(
+        _object_name(raw["name"]),
+        int(raw["first"]),
+        _from_position(raw["last"]),
+        int(raw["first_time_ms"]),
+        int(raw["last_time_ms"]),
+        int(raw["size"]),
+    )
+
+
+def _object_name(raw: Any) -> str:
+    """An archived object's name, which is joined to its shard's prefix: one plain name."""
+    name = str(raw)
+    if not _OBJECT_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not the name of an archived object")
+    return name
 
 
 def _entries(segment: SegmentRef) -> int:
@@ -335,6 +349,25 @@ class RestorePlan:
     target_offset: int
     #: With a time: apply no entry written after it.
     time_ms: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "snapshot": _snapshot_to_json(self.snapshot),
+            "segments": [_segment_to_json(s) for s in self.segments],
+            "target_offset": self.target_offset,
+            "time_ms": self.time_ms,
+        }
+
+    @staticmethod
+    def from_json(raw: Any) -> RestorePlan:
+        """The plan `to_json` made; ValueError (or KeyError, TypeError) if it is not one."""
+        time_ms = raw["time_ms"]
+        return RestorePlan(
+            _snapshot_from_json(raw["snapshot"]),
+            tuple(_segment_from_json(s) for s in raw["segments"]),
+            int(raw["target_offset"]),
+            None if time_ms is None else int(time_ms),
+        )
 
 
 def plan_restore(manifest: Manifest, offset: int | None, time_ms: int | None) -> RestorePlan:

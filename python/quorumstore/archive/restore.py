@@ -20,13 +20,18 @@ interrupted restore leaves no data directory that a node could start from.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
+
+import fsspec
 
 from quorumstore.archive.manifest import ArchiveError, Manifest, RestorePlan, plan_restore
 from quorumstore.archive.objects import check_chain, decode_segment, read_framed_chunks
@@ -53,6 +58,8 @@ from quorumstore.wire.addresses import host_of
 METADATA_PATH = Path("coordinator") / "metadata.pb"
 #: The file naming the `LatestRestore` that built a node's directory.
 RESTORE_MARKER = "restored-by"
+#: Beside the coordinator's metadata, the restore under way (`save_pending`).
+_PENDING_SUFFIX = ".restore-plan"
 #: Entries applied per call while restoring.
 _APPLY_BATCH = 256
 
@@ -171,6 +178,91 @@ class LatestRestore:
             return (node_dir / RESTORE_MARKER).read_text() == self.restore_id
         except OSError:
             return False
+
+    def rebuild_running_member(
+        self, member: str, data_dir: Path, progress: Callable[[str], None] = lambda line: None
+    ) -> None:
+        """`rebuild_member` for a node that already runs on `data_dir` holding no replica:
+        the replicas are built beside its shards, then moved in. Carries on a rebuild a
+        crash interrupted; does nothing if this restore built `data_dir` already."""
+        if self.rebuilt(data_dir):
+            return
+        built = data_dir / f".restore-{self.restore_id}"
+        shards = data_dir / "shards"
+        if not (built / RESTORE_MARKER).exists():
+            if shards.exists() and any(shards.iterdir()):
+                raise ArchiveError(
+                    f"{data_dir} holds replicas already; a restore never mixes with data it "
+                    "did not write"
+                )
+            self.rebuild_member(member, built, progress)
+        if (built / "shards").exists():
+            if shards.exists():
+                shards.rmdir()  # empty, checked above
+            os.replace(built / "shards", shards)
+        os.replace(built / RESTORE_MARKER, data_dir / RESTORE_MARKER)
+        built.rmdir()
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "archive_url": self.archive_url,
+                "restore_id": self.restore_id,
+                "metadata": base64.b64encode(
+                    wire.metadata_to_pb(self.metadata).SerializeToString()
+                ).decode(),
+                "plans": [
+                    {"shard": [key[0], key[1]], "plan": plan.to_json()}
+                    for key, plan in sorted(self.plans.items())
+                ],
+            }
+        ).encode()
+
+    @staticmethod
+    def from_json(data: bytes, where: str) -> LatestRestore:
+        """The restore `to_json` wrote; ArchiveError naming `where` if it is not one."""
+        try:
+            raw: Any = json.loads(data)
+            metadata = wire.metadata_from_pb(
+                pb.CoordinatorMetadata.FromString(base64.b64decode(raw["metadata"], validate=True))
+            )
+            plans = {
+                (str(p["shard"][0]), int(p["shard"][1])): RestorePlan.from_json(p["plan"])
+                for p in raw["plans"]
+            }
+            restore = LatestRestore(
+                str(raw["archive_url"]), str(raw["restore_id"]), metadata, plans
+            )
+        except Exception as e:  # any way the bytes fail to be a plan, said once
+            raise ArchiveError(f"{where} holds no restore plan: {type(e).__name__}: {e}") from e
+        if set(plans) != set(metadata.shards) or not restore.restore_id.isalnum():
+            raise ArchiveError(f"{where} holds no restore plan: its shards or id do not match")
+        return restore
+
+
+def load_pending(metadata_url: str) -> LatestRestore | None:
+    """The restore planned beside the coordinator metadata at `metadata_url` and not yet
+    done (a start that stopped halfway carries it on); None if there is none."""
+    fs, path = fsspec.core.url_to_fs(metadata_url + _PENDING_SUFFIX)
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    return LatestRestore.from_json(data, metadata_url + _PENDING_SUFFIX)
+
+
+def save_pending(metadata_url: str, restore: LatestRestore) -> None:
+    """Keeps `restore` beside the metadata until `forget_pending`."""
+    fs, path = fsspec.core.url_to_fs(metadata_url + _PENDING_SUFFIX)
+    fs.makedirs(path.rpartition("/")[0], exist_ok=True)
+    fs.pipe_file(path, restore.to_json())
+
+
+def forget_pending(metadata_url: str) -> None:
+    """Drops the plan once the restored cluster's metadata is saved and its nodes rebuilt."""
+    fs, path = fsspec.core.url_to_fs(metadata_url + _PENDING_SUFFIX)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path)
 
 
 def restored_shard(shard: ShardMetadata, position: LogPosition) -> ShardMetadata:

@@ -36,6 +36,7 @@ import grpc
 
 from quorumstore.archive.store import ArchiveStore
 from quorumstore.backoff import DoublingBackoff
+from quorumstore.coordinator.archive_recovery import ArchiveRecovery
 from quorumstore.coordinator.failure_timeout import (
     DEFAULT_FAILURE_TIMEOUT_MS,
     DEFAULT_TICK_MS,
@@ -46,7 +47,6 @@ from quorumstore.coordinator.metadata_store import (
     MetadataError,
     MetadataStore,
     MetadataTaken,
-    take_archived,
 )
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.proto import replication_pb2_grpc as pb_grpc
@@ -356,19 +356,18 @@ class CoordinatorServer:
             self._links[name] = _NodeLink(self, name, internal)
         metadata = await loop.run_in_executor(None, self.store.load)
         if metadata is None and self.archive is not None:
-            metadata = await loop.run_in_executor(None, take_archived, self.store, self.archive)
+            metadata = await ArchiveRecovery(
+                self.archive,
+                self.store,
+                self._check_placed,
+                lambda: self._early_reports,
+                self._rebuild_from_archive,
+            ).recover()
         if metadata is None:
             metadata = await self._new_metadata()
             await loop.run_in_executor(None, self.store.save, metadata)
         else:
-            missing = sorted(placed_nodes(metadata) - set(self.config.nodes))
-            if missing:
-                raise MetadataError(
-                    f"coordinator metadata at {self.config.metadata_url} places shards on {', '.join(missing)}, "
-                    f"which {'is' if len(missing) == 1 else 'are'} not among the configured nodes "
-                    f"({', '.join(self.config.nodes)}); quorumstore does not move shards between nodes, so start "
-                    "the nodes at the addresses they had, or use a new metadata location for a new cluster"
-                )
+            self._check_placed(metadata, f"coordinator metadata at {self.config.metadata_url}")
             _warn_on_other_namespaces(metadata, self.config)
             log.info(
                 "resuming cluster metadata version %d from %s",
@@ -392,6 +391,24 @@ class CoordinatorServer:
                 self.node_connected(link.name)
         self._spawn(self._tick_loop())
         self._spawn(self._process_loop())
+
+    def _check_placed(self, metadata: ClusterMetadata, where: str) -> None:
+        """Refuses `metadata` (from `where`) that places shards on unconfigured nodes."""
+        missing = sorted(placed_nodes(metadata) - set(self.config.nodes))
+        if missing:
+            raise MetadataError(
+                f"{where} places shards on {', '.join(missing)}, "
+                f"which {'is' if len(missing) == 1 else 'are'} not among the configured nodes "
+                f"({', '.join(self.config.nodes)}); quorumstore does not move shards between nodes, so start "
+                "the nodes at the addresses they had, or use a new metadata location for a new cluster"
+            )
+
+    async def _rebuild_from_archive(
+        self, node: str, request: pb.RebuildFromArchiveRequest
+    ) -> pb.Empty:
+        """Has `node` rebuild its replicas by a restore (`archive_recovery`): no deadline,
+        as a large shard takes long to rebuild; keepalive notices a node that died."""
+        return await self._links[node].stub.RebuildFromArchive(request, metadata=self.call_metadata)
 
     async def _new_metadata(self) -> ClusterMetadata:
         """Metadata for the configured cluster, checked against the replicas the nodes

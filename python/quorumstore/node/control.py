@@ -12,6 +12,8 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from quorumstore.archive.manifest import ArchiveError
+from quorumstore.archive.restore import LatestRestore
 from quorumstore.node import control_checks as checks
 from quorumstore.node.aborts import abort
 from quorumstore.node.shard_host import ShardHost
@@ -47,6 +49,8 @@ class ControlledNode(Protocol):
     def health_report(self, ping_sequence: int) -> pb.HealthReport: ...
 
     def set_assignments(self, update: pb.ShardAssignmentsUpdate, coordinator: str) -> None: ...
+
+    async def rebuild_from_archive(self, restore: LatestRestore) -> None: ...
 
 
 async def await_reply(
@@ -152,4 +156,18 @@ class NodeControl(pb_grpc.NodeControlServicer):
         await enforce(context, checks.check_assignments, request)
         coordinator = dict(context.invocation_metadata() or ()).get(COORDINATOR_METADATA_KEY, "")
         self.node.set_assignments(request, str(coordinator))
+        return pb.Empty()
+
+    async def RebuildFromArchive(
+        self, request: pb.RebuildFromArchiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Empty:
+        try:
+            restore = LatestRestore.from_json(request.plan, "the restore plan")
+        except ArchiveError as e:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"refused: {e}")
+        await enforce(context, checks.check_restore, restore.plans, restore.metadata)
+        try:
+            await self.node.rebuild_from_archive(restore)
+        except ArchiveError as e:
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return pb.Empty()

@@ -27,6 +27,8 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 
+from quorumstore.archive.manifest import ArchiveError
+from quorumstore.archive.restore import LatestRestore
 from quorumstore.archive.shipper import ArchiveSettings, ArchiveShipper
 from quorumstore.archive.store import ArchiveStore
 from quorumstore.node import data_format
@@ -142,6 +144,8 @@ class Node:
         self._assignments_from = ""
         self._assignments_event = asyncio.Event()
         self._report_sequence = 0
+        #: One rebuild from the archive at a time (the coordinator repeats its call).
+        self._rebuilding = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -296,6 +300,35 @@ class Node:
         for ns_dir in sorted(p for p in root.iterdir() if p.is_dir()):
             for shard_dir in sorted(p for p in ns_dir.iterdir() if p.is_dir() and p.name.isdigit()):
                 self.open_host((ns_dir.name, int(shard_dir.name)))
+
+    async def rebuild_from_archive(self, restore: LatestRestore) -> None:
+        """Builds this node's replicas by `restore`, the coordinator's plan for a cluster
+        whose every disk was lost, and opens them; ArchiveError if this node cannot (it
+        holds replicas, or archives elsewhere). Done once: a repeated call returns."""
+        async with self._rebuilding:
+            data_dir = self.config.data_dir
+            if restore.rebuilt(data_dir):
+                return
+            if restore.archive_url != self.config.archive_url:
+                raise ArchiveError(
+                    f"the coordinator restores from the archive at {restore.archive_url}, and "
+                    f"node {self.name} archives to {self.config.archive_url or 'nothing'}: give "
+                    "the node and the coordinator the same --archive-url"
+                )
+            if self.hosts:
+                raise ArchiveError(
+                    f"node {self.name} holds replicas already; a restore never mixes with data "
+                    "it did not write"
+                )
+            log.warning("node %s: rebuilding its replicas from %s", self.name, restore.archive_url)
+            await asyncio.get_running_loop().run_in_executor(
+                self._io,
+                restore.rebuild_running_member,
+                self.name,
+                data_dir,
+                lambda line: log.warning("node %s: restore: %s", self.name, line),
+            )
+            self._open_existing_shards()
 
     def open_host(self, shard: ShardKey) -> ShardHost:
         host = ShardHost(

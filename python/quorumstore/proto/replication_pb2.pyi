@@ -80,6 +80,12 @@ class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class RebuildFromArchiveRequest(_message.Message):
+    __slots__ = ("plan",)
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    plan: bytes
+    def __init__(self, plan: _Optional[bytes] = ...) -> None: ...
+
 class NewTermRequest(_message.Message):
     __slots__ = ("namespace", "shard", "term")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

@@ -65,6 +65,11 @@ class NodeControlStub:
                 request_serializer=replication__pb2.ShardAssignmentsUpdate.SerializeToString,
                 response_deserializer=replication__pb2.Empty.FromString,
                 _registered_method=True)
+        self.RebuildFromArchive = channel.unary_unary(
+                '/quorumstore.replication.v1.NodeControl/RebuildFromArchive',
+                request_serializer=replication__pb2.RebuildFromArchiveRequest.SerializeToString,
+                response_deserializer=replication__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class NodeControlServicer:
@@ -118,6 +123,16 @@ class NodeControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RebuildFromArchive(self, request, context):
+        """Rebuilds the node's replicas from the cluster's archive, by a restore the
+        coordinator planned when it found no metadata and every node empty (every disk
+        lost). The node, holding no replica, builds those of the shards whose ensembles
+        name it and answers once they are in place; again after that, it answers at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +164,11 @@ def add_NodeControlServicer_to_server(servicer, server):
             'PushShardAssignments': grpc.unary_unary_rpc_method_handler(
                     servicer.PushShardAssignments,
                     request_deserializer=replication__pb2.ShardAssignmentsUpdate.FromString,
+                    response_serializer=replication__pb2.Empty.SerializeToString,
+            ),
+            'RebuildFromArchive': grpc.unary_unary_rpc_method_handler(
+                    servicer.RebuildFromArchive,
+                    request_deserializer=replication__pb2.RebuildFromArchiveRequest.FromString,
                     response_serializer=replication__pb2.Empty.SerializeToString,
             ),
     }
@@ -314,6 +334,33 @@ class NodeControl:
             target,
             '/quorumstore.replication.v1.NodeControl/PushShardAssignments',
             replication__pb2.ShardAssignmentsUpdate.SerializeToString,
+            replication__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RebuildFromArchive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quorumstore.replication.v1.NodeControl/RebuildFromArchive',
+            replication__pb2.RebuildFromArchiveRequest.SerializeToString,
             replication__pb2.Empty.FromString,
             options,
             channel_credentials,

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import os
-import pickle
 import socket
 import threading
 import time
@@ -29,11 +28,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import fsspec
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from quorumstore.archive.restore import LatestRestore, archived_metadata
+from quorumstore.archive.manifest import ArchiveError
+from quorumstore.archive.restore import (
+    LatestRestore,
+    archived_metadata,
+    forget_pending,
+    load_pending,
+    save_pending,
+)
 from quorumstore.archive.store import ArchiveStore
 from quorumstore.client import Client
 from quorumstore.coordinator.cluster_status import (
@@ -93,12 +98,20 @@ class HostedClusterStatus:
 
     cluster: pb.ClusterStatus
     node_jobs: tuple[NodeJobState, ...]
+    #: Why this application's coordinator stopped deciding, if another coordinator took
+    #: its metadata location (docs/metadata.md): `cluster` is then its last view.
+    deposed: str | None = None
 
     @property
     def online(self) -> bool:
-        """Every shard has a leader and every node's health stream is up."""
+        """Every shard has a leader, every node's health stream is up and the coordinator
+        still decides."""
         shards = self.cluster.metadata.shards
-        return all(s.status == pb.ONLINE for s in shards) and all(self.cluster.nodes_alive.values())
+        return (
+            self.deposed is None
+            and all(s.status == pb.ONLINE for s in shards)
+            and all(self.cluster.nodes_alive.values())
+        )
 
     @property
     def leaders(self) -> dict[int, str]:
@@ -112,7 +125,8 @@ class HostedClusterStatus:
         return {s.shard: s.leader for s in self.cluster.metadata.shards}
 
     def __str__(self) -> str:
-        return "\n".join([format_status(self.cluster), *map(str, self.node_jobs)])
+        deposed = [] if self.deposed is None else [f"coordinator stopped: {self.deposed}"]
+        return "\n".join([*deposed, format_status(self.cluster), *map(str, self.node_jobs)])
 
 
 class HostedCluster:
@@ -191,9 +205,13 @@ class HostedCluster:
     def status(self) -> HostedClusterStatus:
         """Shards (term, leader, offsets, follower lag), live nodes and node jobs, now."""
         self._check_running()
+        cluster, deposed = self._coordinator.call(
+            lambda server: (server.cluster_status(), server.deposed)
+        )
         return HostedClusterStatus(
-            self._coordinator.call(CoordinatorServer.cluster_status),
+            cluster,
             tuple(job.state() for job in self._jobs),
+            None if deposed is None else str(deposed),
         )
 
     def node_pids(self) -> dict[int, int]:
@@ -385,13 +403,13 @@ class HostedCluster:
         it starts (`node_task`)."""
         if self.config.archive_url is None:
             return None
-        fs, pending = fsspec.core.url_to_fs(self.config.metadata_url + ".restore-plan")
         metadata = MetadataStore(self.config.metadata_url)
-        if fs.exists(pending):
-            restore = pickle.loads(fs.cat_file(pending))
-            if not isinstance(restore, LatestRestore):
-                raise ClusterStartError(f"{pending} holds no restore plan; delete it")
-            log.warning("carrying on with the restore planned at an earlier start (%s)", pending)
+        try:
+            restore = load_pending(self.config.metadata_url)
+        except ArchiveError as e:
+            raise ClusterStartError(f"{e}; delete it") from None
+        if restore is not None:
+            log.warning("carrying on with the restore planned at an earlier start")
             if metadata.load() is None:
                 metadata.save(restore.metadata)
             return restore
@@ -408,8 +426,7 @@ class HostedCluster:
                 "archive of a Spark-hosted cluster with at least as many nodes; restore other "
                 "archives with `quorumstore restore`, or set spark.quorumstore.nodes"
             )
-        fs.makedirs(pending.rpartition("/")[0], exist_ok=True)
-        fs.pipe_file(pending, pickle.dumps(restore))
+        save_pending(self.config.metadata_url, restore)
         metadata.save(restore.metadata)
         log.warning(
             "no quorumstore metadata at %s: restoring the cluster archived at %s, at its last "
@@ -426,9 +443,7 @@ class HostedCluster:
     def _restore_done(self) -> None:
         """Forgets the restore plan once the restored cluster serves."""
         if self.config.archive_url is not None:
-            fs, pending = fsspec.core.url_to_fs(self.config.metadata_url + ".restore-plan")
-            if fs.exists(pending):
-                fs.rm(pending)
+            forget_pending(self.config.metadata_url)
 
     def _placement_file(self) -> Path | None:
         """Where the hosts holding each node's data are kept between applications:
