@@ -73,8 +73,10 @@ LEADER_RECHECK_S = 0.1
 #: How long a call that any replica may serve waits for an answer before its node is
 #: checked (and may be left for another replica).
 REPLICA_ANSWER_S = 0.3
-#: How long a check waits for a node to list the shards.
+#: How long a check waits for a node to list the shards, and for the others once one
+#: has: a node that answers much later than its peers counts as silent.
 _CHECK_ANSWER_S = 0.2
+_CHECK_GRACE_S = 0.1
 #: How long a node that held a call stays last in the order replicas are asked in, by
 #: every client of the process (a Spark task's or query's client lives for one call).
 SUSPECT_S = 10.0
@@ -308,12 +310,11 @@ class DataClient:
                     )
                 stub = pb_grpc.QuorumstoreDataStub(channels[node])
                 futures[node] = stub.ListShards.future(request, timeout=_CHECK_ANSWER_S)
+        answers, _ = _first_answers(futures, _CHECK_GRACE_S)
+        for future in futures.values():
+            future.cancel()
         terms: dict[str, tuple[int, str]] = {}
-        for node, future in futures.items():
-            try:
-                answer = future.result()
-            except grpc.RpcError:
-                continue
+        for node, answer in answers.items():
             for info in answer.shards:
                 if info.shard == shard.shard:
                     terms[node] = (info.term, info.leader)
