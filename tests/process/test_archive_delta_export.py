@@ -38,16 +38,21 @@ _KEYS = _FIRST + _ADDED
 
 
 def _wait_every_shard_archived(server: Standalone, timeout_s: float = 60) -> None:
-    """Until the archive of every shard has caught up (`_wait_archived` watches default/0)."""
+    """Until the archive of every shard has caught up (`_wait_archived` watches default/0),
+    in two status reads in a row that agree: a leader's report a moment old may not show
+    its latest commits yet."""
     deadline = time.monotonic() + timeout_s
+    previous: list[str] = []
     while True:
         rows = [r for r in server.status().splitlines() if r.startswith("default/")]
         lags = [re.search(r"(\d+) entries, [\d.]+ s", row) for row in rows]
-        if len(rows) == _SHARDS and all(
+        caught_up = len(rows) == _SHARDS and all(
             lag is not None and lag.group(1) == "0" and "failing" not in row
             for lag, row in zip(lags, rows)
-        ):
+        )
+        if caught_up and rows == previous:
             return
+        previous = rows if caught_up else []
         assert time.monotonic() < deadline, f"the archive did not catch up:\n{rows}"
         time.sleep(0.3)
 
@@ -84,6 +89,9 @@ def archived(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archived]:
             versions = {key: client.put(key, b"first " + key.encode()).version_id for key in _FIRST}
         _wait_every_shard_archived(server)
         first = _read_all(server.address, _KEYS)
+        # Each linearizable read commits a no-op entry: archived before the export, the
+        # export's offsets are the last entries written before `between`.
+        _wait_every_shard_archived(server)
         first_output = _export(url, table)
         time.sleep(0.05)
         now = datetime.now(UTC)
@@ -96,6 +104,7 @@ def archived(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Archived]:
                 client.delete(key)
         _wait_every_shard_archived(server)
         second = _read_all(server.address, _KEYS)
+        _wait_every_shard_archived(server)
         second_output = _export(url, table)
     assert sum(v is not None for v in first.values()) == 60
     assert sum(v is not None for v in second.values()) == 70
