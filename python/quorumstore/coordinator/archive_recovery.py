@@ -35,7 +35,11 @@ from quorumstore.archive.restore import (
     save_pending,
 )
 from quorumstore.archive.store import ArchiveStore
-from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore, take_archived
+from quorumstore.coordinator.metadata_store import (
+    MetadataError,
+    MetadataStore,
+    keep_archived_copy,
+)
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata, placed_nodes
 from quorumstore.protocol.messages import NodeStatus
@@ -88,9 +92,10 @@ class ArchiveRecovery:
                     return None
                 self._check_placed(archived, f"the archive at {self._archive.url}")
                 if await self._replicas_survive(sorted(placed_nodes(archived))):
-                    return await loop.run_in_executor(
-                        None, take_archived, self._store, self._archive
+                    await loop.run_in_executor(
+                        None, keep_archived_copy, self._store, self._archive.url, archived
                     )
+                    return archived
                 restore = await loop.run_in_executor(None, LatestRestore.plan, self._archive)
                 await loop.run_in_executor(None, save_pending, self._store.url, restore)
                 log.warning(

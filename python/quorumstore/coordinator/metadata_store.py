@@ -202,11 +202,16 @@ def take_archived(store: MetadataStore, archive: ArchiveStore) -> ClusterMetadat
     rebuild from the configuration could not know."""
     metadata = archived_metadata(archive)
     if metadata is not None:
-        log.warning(
-            "no coordinator metadata at %s: took the copy archived at %s (version %d)",
-            store.url,
-            archive.url,
-            metadata.version,
-        )
-        store.save(metadata)
+        keep_archived_copy(store, archive.url, metadata)
     return metadata
+
+
+def keep_archived_copy(store: MetadataStore, archive_url: str, metadata: ClusterMetadata) -> None:
+    """Saves `metadata`, the copy read from the archive at `archive_url`, at `store`."""
+    log.warning(
+        "no coordinator metadata at %s: took the copy archived at %s (version %d)",
+        store.url,
+        archive_url,
+        metadata.version,
+    )
+    store.save(metadata)

@@ -165,7 +165,7 @@ class NodeControl(pb_grpc.NodeControlServicer):
             restore = LatestRestore.from_json(request.plan, "the restore plan")
         except ArchiveError as e:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"refused: {e}")
-        await enforce(context, checks.check_restore, restore.plans, restore.metadata)
+        await enforce(context, checks.check_restore, restore.metadata)
         try:
             await self.node.rebuild_from_archive(restore)
         except ArchiveError as e:

@@ -9,11 +9,9 @@ A message that fails a check is refused whole (INVALID_ARGUMENT) and changes not
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata
-from quorumstore.protocol.messages import ShardKey
 from quorumstore.wire.addresses import is_host_port
 
 #: A namespace name: it names a directory under the node's data directory, so no
@@ -126,11 +124,11 @@ def check_addresses(ping: pb.HealthPing) -> None:
             check_address(address, f"{kind} address of {name}")
 
 
-def check_restore(shards: Iterable[ShardKey], metadata: ClusterMetadata) -> None:
-    """A restore plan's shards, whose names become directories, and its ensembles."""
-    for namespace, shard in shards:
-        check_shard(namespace, shard)
+def check_restore(metadata: ClusterMetadata) -> None:
+    """A restore plan's shards (its plans name the same ones), whose names become
+    directories, and their ensembles."""
     for key, meta in metadata.shards.items():
+        check_shard(*key)
         check_term(meta.term)
         if not 1 <= len(meta.ensemble) <= ENSEMBLE_LIMIT:
             raise InvalidControl(f"shard {key[0]}/{key[1]} has an ensemble of {len(meta.ensemble)}")
