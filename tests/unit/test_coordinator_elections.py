@@ -20,6 +20,7 @@ from quorumstore.protocol.coordinator import (
 from quorumstore.protocol.messages import (
     BecomeLeader,
     BecomeLeaderResponse,
+    FollowerStatus,
     NewTerm,
     NewTermResponse,
     NodeStatus,
@@ -93,6 +94,47 @@ def test_a_silent_leader_is_replaced_once_the_failure_timeout_passes(
     assert record.getMessage() == (
         f"shard default/0: election for term {term + 1}: leader {leader} sent no health report in 5 ticks"
     )
+
+
+def _silent_leader_election(coordinator: Coordinator, leader: str) -> list[NewTerm]:
+    """Ticks until the silent leader's shard is re-elected (its followers were in sync);
+    returns the NewTerm messages."""
+    meta = coordinator.shard(SHARD)
+    in_sync = tuple(FollowerStatus(node, -1) for node in NODES if node != leader)
+    status = ShardStatus(SHARD, meta.term, Role.LEADER, HEAD, -1, in_sync)
+    coordinator.step(NodeStatus(leader, (status,)))
+    coordinator.ready()
+    for _ in range(CONFIG.node_failure_ticks + 1):
+        coordinator.tick()
+        _report_followers(coordinator, leader)
+    return [out for out in coordinator.ready().messages if isinstance(out.message, NewTerm)]
+
+
+def test_a_failed_leader_is_not_waited_for_once_the_others_answer() -> None:
+    """The grace after a majority's answers waits for live members with perhaps longer
+    logs; a member that sends no health reports would answer only after it recovers."""
+    coordinator, leader = _online_coordinator()
+    new_terms = _silent_leader_election(coordinator, leader)
+    for out in new_terms:
+        if out.to != leader:
+            coordinator.step(NewTermResponse(SHARD, out.message.term, out.to, HEAD, -1))
+    become = [out for out in coordinator.ready().messages if isinstance(out.message, BecomeLeader)]
+    assert [out.to for out in become] and become[0].to != leader
+
+
+def test_a_live_member_is_given_the_grace_to_answer() -> None:
+    """A follower that reports but has not answered NewTerm yet may hold the longest log."""
+    coordinator, leader = _online_coordinator()
+    new_terms = _silent_leader_election(coordinator, leader)
+    first, slow = [out.to for out in new_terms if out.to != leader]
+    term = new_terms[0].message.term
+    coordinator.step(NewTermResponse(SHARD, term, leader, HEAD, -1))  # it answers after all
+    coordinator.step(NewTermResponse(SHARD, term, first, HEAD, -1))
+    assert not [m for m in coordinator.ready().messages if isinstance(m.message, BecomeLeader)]
+    longer = LogPosition(term=0, offset=5, checksum=1)
+    coordinator.step(NewTermResponse(SHARD, term, slow, longer, -1))
+    (become,) = [m for m in coordinator.ready().messages if isinstance(m.message, BecomeLeader)]
+    assert become.to == slow
 
 
 def test_an_unreachable_leader_is_replaced_at_the_next_tick(

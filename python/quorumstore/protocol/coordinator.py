@@ -83,7 +83,8 @@ class CoordinatorConfig:
     replication_factor: int = 3
     #: A follower more than this many entries behind the commit offset leaves the live set.
     max_lag: int = 10_000
-    #: Ticks to wait for the rest of the ensemble once a majority answered NewTerm.
+    #: Ticks to wait for the rest of the ensemble once a majority answered NewTerm (for
+    #: the members still alive; failed ones are not waited for).
     election_grace_ticks: int = 1
     #: Ticks before an unanswered NewTerm / AddFollower is sent again.
     retry_ticks: int = 3
@@ -351,8 +352,21 @@ class Coordinator:
         counted = self._counted(msg.shard, election.responses)
         if len(counted) == len(self._counted(msg.shard, meta.ensemble)):
             self._try_elect(msg.shard, election)  # nobody left whose answer counts
-        elif len(counted) >= majority(len(meta.ensemble)) and election.ticks_since_majority < 0:
-            election.ticks_since_majority = 0
+        elif len(counted) >= majority(len(meta.ensemble)):
+            if not self._awaited(msg.shard, election):
+                self._try_elect(msg.shard, election)  # the rest failed: no grace for them
+            elif election.ticks_since_majority < 0:
+                election.ticks_since_majority = 0
+
+    def _awaited(self, key: ShardKey, election: _Election) -> list[str]:
+        """The members whose NewTerm answer is still worth waiting for once a majority
+        answered: those that count and are alive. A failed member's answer would only come
+        after it recovers, and waiting the grace for it delays every failover."""
+        return [
+            node
+            for node in self._counted(key, self._meta[key].ensemble)
+            if node not in election.responses and self.node_alive(node)
+        ]
 
     def _try_elect(self, key: ShardKey, election: _Election) -> None:
         meta = self._meta[key]
