@@ -16,9 +16,11 @@ asked for the shard's leader, and is given up once they name one elected in a la
 term; one that any replica may serve, once it has had no answer for
 `REPLICA_ANSWER_S`, is given up when, at two checks in a row, its node does not list
 the shards in time while another node does, or lists the shard in an earlier term
-than another node does. A call given up is retried like a transient failure (its channel is
-closed, which cancels it), and the routing table is read from every node, each shard's
-entry taken from the node that knows the latest term.
+than another node does. A call given up is cancelled (its channel is closed). One given up
+on a leader is tried again at once at the successor the check found; any other is retried
+like a transient failure, after the routing table is read from every node again, each
+shard's entry taken from the node that knows the latest term (nodes a fault held lately
+are asked but not waited for).
 
 Example::
 
@@ -38,7 +40,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeVar
@@ -77,8 +79,9 @@ REPLICA_ANSWER_S = 0.3
 #: has: a node that answers much later than its peers counts as silent.
 _CHECK_ANSWER_S = 0.2
 _CHECK_GRACE_S = 0.1
-#: How long a node that held a call stays last in the order replicas are asked in, by
-#: every client of the process (a Spark task's or query's client lives for one call).
+#: How long a node that held a call, or left one unanswered while others answered, stays
+#: suspect for every client of the process (a Spark task's or query's client lives for
+#: one call): asked last among replicas, and not waited for beyond the others.
 SUSPECT_S = 10.0
 #: How long a follower's copy of staged rows is waited for at least, after the leader
 #: took them.
@@ -86,13 +89,22 @@ STAGE_COPY_GRACE_S = 0.2
 #: A call that takes longer is logged with the nodes it asked: a fault held it past the
 #: failover its watch gives.
 SLOW_CALL_S = 1.0
-#: Node -> when a watch last gave up a call on it.
+#: Node -> when a call on it was last given up or left unanswered.
 _suspects: dict[str, float] = {}
 
 
 def _suspected(address: str, now: float) -> bool:
-    """Whether a watch gave up a call on `address` within `SUSPECT_S` of `now`."""
+    """Whether a call on `address` was given up or left unanswered within `SUSPECT_S`."""
     return now - _suspects.get(address, -SUSPECT_S) < SUSPECT_S
+
+
+def _suspect_unfinished(calls: Iterable[tuple[str, grpc.Future]]) -> None:
+    """Marks the nodes whose call has not ended, once other nodes answered theirs: a
+    fault may hold them, and the next client of the process need not wait for them."""
+    now = time.monotonic()
+    for address, future in calls:
+        if not future.done():
+            _suspects[address] = now
 
 
 _T = TypeVar("_T")
@@ -143,6 +155,17 @@ class Offsets:
     changes_kept_after: int
 
 
+def _shard(info: pb.ShardInfo) -> Shard:
+    return Shard(
+        info.shard,
+        info.min_hash_inclusive,
+        info.max_hash_inclusive,
+        info.leader,
+        tuple(info.followers),
+        info.term,
+    )
+
+
 def _describe(error: grpc.RpcError) -> str:
     return f"{error.code().name}: {error.details()}"
 
@@ -157,18 +180,23 @@ def _retryable(error: grpc.RpcError) -> bool:
 
 
 def _first_answers(
-    calls: dict[_K, grpc.Future], grace_s: float = 0.1
+    calls: dict[_K, grpc.Future], grace_s: float = 0.1, unawaited: Collection[_K] = ()
 ) -> tuple[dict[_K, Any], dict[_K, grpc.RpcError]]:
     """The answers and failures of calls to several nodes at once, taken in the order
     they come, until every call ended or `grace_s` after the first answer: a node that
-    a fault holds never answers, and its call is not waited for."""
+    a fault holds never answers, and its call is not waited for. The `unawaited` calls
+    (to nodes a fault held lately) are not waited for even that long once the others
+    ended."""
     done: queue.SimpleQueue[tuple[_K, grpc.Future]] = queue.SimpleQueue()
     for address, future in calls.items():
         future.add_done_callback(lambda f, a=address: done.put((a, f)))
     answers: dict[_K, Any] = {}
     failures: dict[_K, grpc.RpcError] = {}
+    awaited = set(calls) - set(unawaited)
     grace_ends: float | None = None
-    while len(answers) + len(failures) < len(calls):
+    while len(answers) + len(failures) < len(calls) and (
+        grace_ends is None or not awaited <= answers.keys() | failures.keys()
+    ):
         wait = None if grace_ends is None else max(grace_ends - time.monotonic(), 0.0)
         try:
             address, future = done.get(timeout=wait)
@@ -214,6 +242,8 @@ class DataClient:
         self._map: ShardMap | None = None
         #: Nodes whose channel a watch closed to give up a call held by a fault.
         self._abandoned: set[str] = set()
+        #: Shard -> the leader elected after the one a watch gave a call up on.
+        self._successors: dict[int, Shard] = {}
 
     def __enter__(self) -> Self:
         return self
@@ -265,9 +295,13 @@ class DataClient:
         knows its latest term lists it (a deposed leader cut off from the cluster still
         lists itself)."""
         request = pb.ListShardsRequest(namespace=self.namespace)
+        nodes, now = self._nodes(), time.monotonic()
+        calls = {a: self._stub(a).ListShards.future(request, timeout=5.0) for a in nodes}
         answers, failures = _first_answers(
-            {a: self._stub(a).ListShards.future(request, timeout=5.0) for a in self._nodes()}
+            calls, unawaited=[a for a in nodes if _suspected(a, now)]
         )
+        if answers:
+            _suspect_unfinished(calls.items())
         for address, e in failures.items():
             if not isinstance(classify(e), Transient):
                 raise DataClientError(f"{address}: {_describe(e)}", e.code()) from None
@@ -278,17 +312,7 @@ class DataClient:
             for info in answer.shards:
                 if info.shard not in latest or info.term > latest[info.shard].term:
                     latest[info.shard] = info
-        return [
-            Shard(
-                s.shard,
-                s.min_hash_inclusive,
-                s.max_hash_inclusive,
-                s.leader,
-                tuple(s.followers),
-                s.term,
-            )
-            for _, s in sorted(latest.items())
-        ]
+        return [_shard(s) for _, s in sorted(latest.items())]
 
     def _held(
         self, shard: Shard, address: str, on_leader: bool, channels: dict[str, grpc.Channel]
@@ -313,20 +337,24 @@ class DataClient:
         answers, _ = _first_answers(futures, _CHECK_GRACE_S)
         for future in futures.values():
             future.cancel()
-        terms: dict[str, tuple[int, str]] = {}
+        listed: dict[str, pb.ShardInfo] = {}
         for node, answer in answers.items():
             for info in answer.shards:
                 if info.shard == shard.shard:
-                    terms[node] = (info.term, info.leader)
+                    listed[node] = info
         if on_leader:
-            return any(
-                term > shard.term and leader and leader != address
-                for term, leader in terms.values()
-            )
-        if address not in terms:
-            return bool(terms)  # silent while another node answers (alone: only busy)
-        own_term = terms.pop(address)[0]
-        return any(term > own_term for term, _ in terms.values())
+            successors = [
+                info
+                for info in listed.values()
+                if info.term > shard.term and info.leader and info.leader != address
+            ]
+            if successors:  # the retry goes there without asking every node again
+                self._successors[shard.shard] = _shard(max(successors, key=lambda i: i.term))
+            return bool(successors)
+        if address not in listed:
+            return bool(listed)  # silent while another node answers (alone: only busy)
+        own_term = listed.pop(address).term
+        return any(info.term > own_term for info in listed.values())
 
     @contextlib.contextmanager
     def _watched(self, shard_id: int, address: str, on_leader: bool) -> Iterator[None]:
@@ -440,10 +468,11 @@ class DataClient:
         deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         backoff = Backoff(*_BACKOFF_S)
         while True:
+            moved = False
             try:
                 return call()
             except _Retry as e:
-                last = str(e)
+                last, moved = str(e), isinstance(e, _LeaderMoved)
             except grpc.RpcError as e:
                 if not _retryable(e):
                     raise DataClientError(f"cannot {what}: {_describe(e)}", e.code()) from None
@@ -452,7 +481,8 @@ class DataClient:
                 raise DataClientError(
                     f"cannot {what} (gave up after retrying): {last}", grpc.StatusCode.UNAVAILABLE
                 )
-            time.sleep(backoff.next_delay())
+            if not moved:
+                time.sleep(backoff.next_delay())
 
     def _replicas(self, shard_id: int, prefer_follower: bool) -> list[str]:
         """Nodes to ask, in order of preference."""
@@ -482,7 +512,9 @@ class DataClient:
 
         def attempt() -> _T:
             nonlocal first
-            if not first:
+            if (successor := self._successors.pop(shard_id, None)) is not None:
+                self._adopt([successor])
+            elif not first:
                 self.shards(refresh=True)
             first = False
             replicas = (
@@ -504,7 +536,10 @@ class DataClient:
                     if not retry or not _retryable(e):
                         raise
                     errors.append(f"{address}: {_describe(e)}")
-            raise _Retry("; ".join(errors) or f"shard {shard_id} has no leader right now")
+            reason = "; ".join(errors) or f"shard {shard_id} has no leader right now"
+            if shard_id in self._successors:
+                raise _LeaderMoved(reason)
+            raise _Retry(reason)
 
         try:
             return self._attempted(shard_id, what, attempt, retry)
@@ -630,7 +665,10 @@ class DataClient:
             for address in {a for a in (shard.leader, *shard.followers) if a}:
                 stub = self._stub(address)
                 calls[shard_id, address] = stub.GetOffsets.future(request, timeout=_CALL_TIMEOUT_S)
-        answers, _ = _first_answers(calls)
+        now = time.monotonic()
+        answers, _ = _first_answers(calls, unawaited=[k for k in calls if _suspected(k[1], now)])
+        if answers:
+            _suspect_unfinished((address, call) for (_, address), call in calls.items())
         for future in calls.values():
             future.cancel()
         latest: dict[int, Offsets] = {}
@@ -810,7 +848,10 @@ class DataClient:
                 grace = waited if _suspected(address, now) else max(waited, STAGE_COPY_GRACE_S)
                 try:
                     copy.result(timeout=max(now + grace - time.monotonic(), 0.0))
-                except (grpc.RpcError, grpc.FutureTimeoutError):
+                except grpc.FutureTimeoutError:
+                    _suspects[address] = time.monotonic()  # left behind: not waited for again
+                    continue
+                except grpc.RpcError:
                     continue
                 _suspects.pop(address, None)  # it answers again
         finally:
@@ -825,11 +866,16 @@ class DataClient:
         fault holds is not waited for; after a failure, give more time."""
         nodes = {a for s in self.shards(refresh=True) for a in (s.leader, *s.followers) if a}
         request = pb.DiscardStagedRequest(write_id=write_id)
-        answers, _ = _first_answers(
-            {a: self._stub(a).DiscardStaged.future(request, timeout=10.0) for a in nodes}, wait_s
-        )
+        calls = {a: self._stub(a).DiscardStaged.future(request, timeout=10.0) for a in nodes}
+        answers, _ = _first_answers(calls, wait_s)
+        if answers:
+            _suspect_unfinished(calls.items())
         return sorted(nodes - set(answers))
 
 
 class _Retry(Exception):
     """Nothing answered usefully this round; `_retrying` tries again after a back-off."""
+
+
+class _LeaderMoved(_Retry):
+    """A call was given up on a leader whose successor is known: tried again at once."""
