@@ -20,6 +20,13 @@ if ! command -v mkfs.ext4 >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   # The disk nemesis (tests/process/test_disk_nemesis.py) puts nodes on small ext4 disks.
   apt-get update -qq >/dev/null && apt-get install -y -qq e2fsprogs >/dev/null
 fi
+if ! command -v azurite-blob >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  # The metadata lease's tests on Azure Blob Storage run against Azurite, its emulator.
+  if ! command -v npm >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null && apt-get install -y -qq npm >/dev/null
+  fi
+  npm install --global --silent azurite@3 >/dev/null
+fi
 export PYSPARK_PYTHON="$(python -c 'import sys; print(sys.executable)')"
 export PYSPARK_DRIVER_PYTHON="$PYSPARK_PYTHON"
 

@@ -18,6 +18,7 @@ runs this interpreter's package the same way.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -960,6 +961,65 @@ def moto_s3() -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
         yield endpoint, stop, start
     finally:
         servers[-1].stop()
+
+
+#: Azurite's well-known development account (documented with the emulator; not a secret).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+#: The container the tests' Azure Blob Storage emulator holds.
+AZURE_CONTAINER = "quorumstore"
+
+
+@contextmanager
+def azurite_blob(workdir: Path) -> Iterator[str]:
+    """Azurite's Blob Storage emulator (`azurite-blob`, from npm) on loopback, keeping
+    its data in `workdir`, with `AZURE_CONTAINER`; yields its connection string, and
+    stops it afterwards."""
+    import fsspec
+
+    port = free_ports(1)
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = (workdir / "azurite.log").open("w")
+    server = subprocess.Popen(
+        [
+            "azurite-blob",
+            *("--blobHost", "127.0.0.1", "--blobPort", str(port)),
+            *("--location", str(workdir), "--skipApiVersionCheck", "--silent"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        poll_until(
+            lambda: _accepts(port),
+            30,
+            f"azurite-blob to listen on port {port}",
+            describe=lambda: (workdir / "azurite.log").read_text()[-2000:],
+        )
+        connection = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
+        )
+        fs = fsspec.filesystem("abfs", connection_string=connection, skip_instance_cache=True)
+        fs.mkdir(AZURE_CONTAINER)
+        yield connection
+    finally:
+        server.kill()
+        server.wait()
+        log.close()
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+def azure_environment(monkeypatch: pytest.MonkeyPatch, connection: str) -> None:
+    """Points adlfs, here and in the processes a test starts, at the emulator."""
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
 
 
 def s3_environment(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:

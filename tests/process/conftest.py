@@ -7,6 +7,8 @@ when the test failed.
 
 from __future__ import annotations
 
+import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from cluster_harness import (
     WRITES_PER_SECOND,
     LocalCluster,
     WriteLoad,
+    azurite_blob,
     free_ports,
     moto_s3,
 )
@@ -32,6 +35,17 @@ def moto_endpoint() -> Iterator[tuple[str, Callable[[], None], Callable[[], None
     """An S3-compatible server on loopback; see `cluster_harness.moto_s3`."""
     with moto_s3() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def azurite_connection(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Azure Blob Storage's emulator on loopback, one per session (adlfs keeps a
+    filesystem per connection settings); see `cluster_harness.azurite_blob`. Skipped
+    where `azurite-blob` is not installed (scripts/test.sh installs it), except in CI."""
+    if shutil.which("azurite-blob") is None and not os.environ.get("CI"):
+        pytest.skip("azurite-blob is not installed (npm install -g azurite)")
+    with azurite_blob(tmp_path_factory.mktemp("azurite")) as connection:
+        yield connection
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -10,13 +10,14 @@ Two coordinators on one location would overwrite each other's terms and fence ea
 other's leaders, so a coordinator holds the location while it runs (`hold`). A local
 path is held with an advisory `flock` on a lock file beside it, which the kernel
 releases when the process dies, kill -9 included; the file names the holder for the
-error the next coordinator reports. On S3 (and S3-compatible stores) the location is
-held with conditional writes (`object_lease`): a lease object beside the record, which
-the coordinator renews, refuses a second coordinator; and every save of the record
-names the version this coordinator wrote last, so a coordinator that lost the location
-cannot overwrite what its successor saved. Other filesystems have no such condition
-that fsspec reaches (GCS generations, Azure leases are each their own API); there,
-running one coordinator per URL is the operator's job, and `hold` says so.
+error the next coordinator reports. On S3 (and S3-compatible stores) and Azure Blob
+Storage the location is held with conditional writes (`object_lease`): a lease object
+beside the record, which the coordinator renews, refuses a second coordinator; and
+every save of the record names the version this coordinator wrote last, so a
+coordinator that lost the location cannot overwrite what its successor saved. Other
+filesystems (GCS, whose generation conditions no emulator here checks, HDFS) get no
+such condition; there, running one coordinator per URL is the operator's job, and
+`hold` says so.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from quorumstore.coordinator.object_lease import (
     ConditionalObject,
     ConditionFailed,
     ObjectLease,
-    supports_conditional_writes,
+    conditional_object,
 )
 from quorumstore.proto import replication_pb2 as pb
 from quorumstore.protocol.coordinator import ClusterMetadata
@@ -79,11 +80,11 @@ class MetadataStore:
         #: version this store read or wrote last, and the lease beside it.
         self._record: ConditionalObject | None = None
         self.lease: ObjectLease | None = None
-        if not self._local and supports_conditional_writes(self._fs):
-            self._record = ConditionalObject(self._fs, self._path)
-            self.lease = ObjectLease(
-                ConditionalObject(self._fs, self._path + ".lock"), _holder(), lease_s
-            )
+        if not self._local:
+            self._record = conditional_object(self._fs, self._path)
+            lock = conditional_object(self._fs, self._path + ".lock")
+            if lock is not None:
+                self.lease = ObjectLease(lock, _holder(), lease_s)
 
     @property
     def lock_path(self) -> Path | None:

@@ -1,14 +1,17 @@
-"""Holding a metadata location on an S3-compatible object store with conditional writes.
+"""Holding a metadata location on an object store with conditional writes.
 
 An object store has no lock a crashed process gives back, and fsspec has no portable
-compare-and-swap. S3's PutObject, and the servers that copy its API, take two
-conditions that are enough: `If-None-Match: *` (create only if absent) and
-`If-Match: <ETag>` (replace only the version read). `ConditionalObject` is one object
-written only under them. `ObjectLease` builds on it a lease that a coordinator renews
-while it runs: a second coordinator that finds the lease renewed is refused, one that
-finds it abandoned (not renewed for a whole lease period, or released) takes it over.
-The lease is what refuses; the fence is the metadata record itself, which every
-coordinator writes on the condition that it still holds the version it wrote last.
+compare-and-swap. Two conditions on a put are enough: create only if absent, and
+replace only the version read (by its ETag). S3's PutObject takes them as
+`If-None-Match: *` and `If-Match`, as do the servers that copy its API; Azure Blob
+Storage's Put Blob takes the same headers, which its SDK spells `overwrite=False` and
+`match_condition=IfNotModified`. `ConditionalObject` is one object written only under
+them, on either (`conditional_object` picks by the fsspec filesystem). `ObjectLease`
+builds on it a lease that a coordinator renews while it runs: a second coordinator
+that finds the lease renewed is refused, one that finds it abandoned (not renewed for
+a whole lease period, or released) takes it over. The lease is what refuses; the
+fence is the metadata record itself, which every coordinator writes on the condition
+that it still holds the version it wrote last.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -33,13 +37,89 @@ class ConditionFailed(Exception):
     """The object is not the version this writer saw last: another writer changed it."""
 
 
-def supports_conditional_writes(fs: fsspec.AbstractFileSystem) -> bool:
-    """Whether `fs` is s3fs, whose PutObject takes S3's write conditions."""
+def conditional_object(fs: fsspec.AbstractFileSystem, path: str) -> ConditionalObject | None:
+    """`path` on `fs` as a ConditionalObject; None if `fs` takes no write conditions
+    that this module reaches (local files are locked instead; GCS's generation
+    conditions are not implemented here)."""
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return any(p in ("s3", "s3a") for p in protocols)
+    if any(p in ("s3", "s3a") for p in protocols):
+        return S3Object(fs, path)
+    if any(p in ("abfs", "abfss", "az") for p in protocols):
+        return AzureBlobObject(fs, path)
+    return None
 
 
-def _is_condition_failure(error: BaseException) -> bool:
+class ConditionalObject(ABC):
+    """One object on an object store, replaced only in the version last seen here."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str):
+        self._fs = fs
+        self._bucket, self._key, _ = fs.split_path(path)
+        #: The ETag of the version this object last read or wrote; None: absent.
+        self.etag: str | None = None
+
+    def read(self) -> bytes | None:
+        """The object's data (None if absent), remembering its version."""
+        found = fsspec.asyn.sync(self._fs.loop, self._get)
+        self.etag = None if found is None else found[1]
+        return None if found is None else found[0]
+
+    def write(self, data: bytes) -> None:
+        """Replaces the version last seen (creates the object if none was); raises
+        ConditionFailed if another writer changed it meanwhile."""
+        try:
+            etag = fsspec.asyn.sync(self._fs.loop, self._put, data, self.etag)
+        except _ConditionNotMet as e:
+            # A put whose answer was lost and that was sent again fails its own condition:
+            # the object holding exactly this data is this writer's version.
+            if self.read() == data:
+                return
+            raise ConditionFailed(str(e.__cause__)) from e.__cause__
+        finally:
+            self._fs.invalidate_cache(f"{self._bucket}/{self._key}")
+        self.etag = etag
+
+    @abstractmethod
+    async def _get(self) -> tuple[bytes, str] | None:
+        """The object's data and ETag; None if absent."""
+
+    @abstractmethod
+    async def _put(self, data: bytes, etag: str | None) -> str:
+        """Puts `data` if the object is at `etag` (absent if None); returns the new ETag,
+        or raises _ConditionNotMet (from the store's error)."""
+
+
+class _ConditionNotMet(Exception):
+    """The store refused a conditional put; its error is the cause."""
+
+
+class S3Object(ConditionalObject):
+    """On S3 and the servers that copy its API (s3fs)."""
+
+    async def _get(self) -> tuple[bytes, str] | None:
+        try:
+            response = await self._fs._call_s3("get_object", Bucket=self._bucket, Key=self._key)
+        except FileNotFoundError:
+            return None
+        try:
+            return await response["Body"].read(), response["ETag"]
+        finally:
+            response["Body"].close()
+
+    async def _put(self, data: bytes, etag: str | None) -> str:
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        try:
+            response = await self._fs._call_s3(
+                "put_object", Bucket=self._bucket, Key=self._key, Body=data, **condition
+            )
+        except OSError as e:
+            if _is_s3_condition_failure(e):
+                raise _ConditionNotMet from e
+            raise
+        return str(response["ETag"])
+
+
+def _is_s3_condition_failure(error: BaseException) -> bool:
     """S3 answers a failed condition with 412 (409 for a concurrent conditional write);
     s3fs turns both into OSErrors caused by botocore's ClientError."""
     if isinstance(error, FileExistsError):
@@ -50,51 +130,35 @@ def _is_condition_failure(error: BaseException) -> bool:
     return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
 
-class ConditionalObject:
-    """One object on an S3-compatible store, replaced only in the version last seen here."""
+class AzureBlobObject(ConditionalObject):
+    """On Azure Blob Storage (adlfs): a block blob put whole, with Put Blob's conditions."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str):
-        self._fs = fs
-        self._bucket, self._key, _ = fs.split_path(path)
-        #: The ETag of the version this object last read or wrote; None: absent.
-        self.etag: str | None = None
+    def _blob(self) -> Any:
+        return self._fs.service_client.get_blob_client(self._bucket, self._key)
 
-    def read(self) -> bytes | None:
-        """The object's data (None if absent), remembering its version."""
+    async def _get(self) -> tuple[bytes, str] | None:
+        from azure.core.exceptions import ResourceNotFoundError
 
-        async def get() -> tuple[bytes, str] | None:
-            try:
-                response = await self._fs._call_s3("get_object", Bucket=self._bucket, Key=self._key)
-            except FileNotFoundError:
-                return None
-            try:
-                return await response["Body"].read(), response["ETag"]
-            finally:
-                response["Body"].close()
-
-        found = fsspec.asyn.sync(self._fs.loop, get)
-        self.etag = None if found is None else found[1]
-        return None if found is None else found[0]
-
-    def write(self, data: bytes) -> None:
-        """Replaces the version last seen (creates the object if none was); raises
-        ConditionFailed if another writer changed it meanwhile."""
-        condition = {"IfNoneMatch": "*"} if self.etag is None else {"IfMatch": self.etag}
         try:
-            response = self._fs.call_s3(
-                "put_object", Bucket=self._bucket, Key=self._key, Body=data, **condition
-            )
-        except OSError as e:
-            if not _is_condition_failure(e):
-                raise
-            # A put whose answer was lost and that was sent again fails its own condition:
-            # the object holding exactly this data is this writer's version.
-            if self.read() == data:
-                return
-            raise ConditionFailed(str(e)) from e
-        finally:
-            self._fs.invalidate_cache(f"{self._bucket}/{self._key}")
-        self.etag = response["ETag"]
+            download = await self._blob().download_blob()
+            return await download.readall(), str(download.properties.etag)
+        except ResourceNotFoundError:
+            return None
+
+    async def _put(self, data: bytes, etag: str | None) -> str:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
+
+        condition: dict[str, Any] = (
+            {"overwrite": False}
+            if etag is None
+            else {"overwrite": True, "etag": etag, "match_condition": MatchConditions.IfNotModified}
+        )
+        try:
+            response = await self._blob().upload_blob(data, **condition)
+        except (ResourceExistsError, ResourceModifiedError) as e:  # 409, 412
+            raise _ConditionNotMet from e
+        return str(response["etag"])
 
 
 class ObjectLease:

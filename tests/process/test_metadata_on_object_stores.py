@@ -1,5 +1,6 @@
-"""Coordinator metadata on an S3-compatible object store (a moto server on loopback):
-one coordinator per location, held with a renewed lease and fenced by conditional writes.
+"""Coordinator metadata on an object store, each test on an S3-compatible one (a moto
+server on loopback) and on Azure Blob Storage's emulator (Azurite): one coordinator per
+location, held with a renewed lease and fenced by conditional writes.
 
 A second coordinator is refused while the first renews its lease, takes the location
 at once when the first released it, and after a lease period when the first stopped
@@ -18,9 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from cluster_harness import S3_BUCKET, free_ports, s3_environment, start_cli
+from cluster_harness import (
+    AZURE_CONTAINER,
+    S3_BUCKET,
+    azure_environment,
+    free_ports,
+    s3_environment,
+    start_cli,
+)
 from quorumstore.coordinator.metadata_store import MetadataError, MetadataStore, MetadataTaken
-from quorumstore.coordinator.object_lease import ConditionalObject, ConditionFailed
+from quorumstore.coordinator.object_lease import ConditionFailed, conditional_object
 from quorumstore.protocol.coordinator import initial_metadata
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
@@ -29,14 +37,16 @@ LEASE_S = 1.0
 NODES = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 
 
-@pytest.fixture
-def url(
-    moto_endpoint: tuple[str, Callable[[], None], Callable[[], None]],
-    monkeypatch: pytest.MonkeyPatch,
-    request: pytest.FixtureRequest,
-) -> str:
-    s3_environment(monkeypatch, moto_endpoint[0])
-    return f"s3://{S3_BUCKET}/{request.node.name}-{time.time_ns()}/metadata.pb"
+@pytest.fixture(params=["s3", "abfs"])
+def url(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
+    """A new metadata location on each store, in this process's and its children's
+    environment."""
+    name = f"{request.node.originalname}-{time.time_ns()}/metadata.pb"
+    if request.param == "s3":
+        s3_environment(monkeypatch, request.getfixturevalue("moto_endpoint")[0])
+        return f"s3://{S3_BUCKET}/{name}"
+    azure_environment(monkeypatch, request.getfixturevalue("azurite_connection"))
+    return f"abfs://{AZURE_CONTAINER}/{name}"
 
 
 @pytest.fixture
@@ -142,7 +152,8 @@ def test_a_put_sent_again_after_its_answer_was_lost_is_its_own_version(url: str)
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(url)
-    record = ConditionalObject(fs, path + ".probe")
+    record = conditional_object(fs, path + ".probe")
+    assert record is not None
     record.write(b"first")
     seen = record.etag
     record.write(b"second")
