@@ -34,11 +34,12 @@ SECONDS = float(os.environ.get("QS_AVAILABILITY_SECONDS", "20"))
 #: Beyond the bound (failure timeout + 1 s) for a loaded CI machine; the bench holds
 #: the bound itself. Without the fixes these tests guard, recoveries take 3-6 s.
 LOAD_ALLOWANCE_S = 0.5
-#: The DataFrame job loop and the change feed do not meet the bound yet (a job makes
-#: several calls in turn, each of which can meet the fault: up to 4.34 s measured,
-#: docs/performance.md); held here to 5 s, which the stalls before the fixes (the whole
-#: fault, or 36-60 s) exceed.
-DATA_SOURCE_ALLOWANCE_S = 3.5
+#: The DataFrame kind's recovery runs to the end of the first job started after the
+#: fault, and its loops start jobs only as the ones under way end (each about 2 s here),
+#: so it varies by up to a job's length more than the others' (up to 1.42 s measured
+#: in the bench, docs/performance.md). Held here to 3 s, which the stalls before the
+#: fixes (the whole fault, or 36-60 s) exceed.
+DATAFRAME_ALLOWANCE_S = 1.5
 
 
 @pytest.mark.timeout(120)
@@ -95,9 +96,8 @@ def test_each_spark_client_kind_rides_out_node_faults(
                     spark, four_hosts, cluster, kind, SECONDS, SEED, tmp_path / kind
                 )
                 reports.append(result.report())
-                data_source = kind in ("dataframe", "change-feed")
                 if not result.holds_within(
-                    DATA_SOURCE_ALLOWANCE_S if data_source else LOAD_ALLOWANCE_S
+                    DATAFRAME_ALLOWANCE_S if kind == "dataframe" else LOAD_ALLOWANCE_S
                 ):
                     failed.append(kind)
         finally:
