@@ -268,3 +268,40 @@ def test_a_members_certificate_registers_its_own_node_only(tmp_path: Path) -> No
             await coordinator.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_coordinator_gone_briefly_is_not_warned_about_one_gone_for_long_is(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Spark application's coordinator stops just before its node tasks do, and a
+    restarted coordinator is back within seconds: neither is worth a warning. A
+    coordinator unreachable for `WARN_AFTER_S` is, once."""
+    from quorumstore.node import registration
+
+    @dataclass
+    class Unregistered:
+        name: str = "node0"
+        address: str = "127.0.0.1:1"
+        internal_address: str = "127.0.0.1:2"
+        last_ping_at: float = 0.0
+
+    async def try_for(seconds: float) -> None:
+        membership = Membership(ClusterSecret.generate(), None)
+        with pytest.raises(TimeoutError):
+            # Port 1 on loopback refuses at once: every attempt fails UNAVAILABLE.
+            await asyncio.wait_for(
+                registration.keep_registered(Unregistered(), "127.0.0.1:1", membership), seconds
+            )
+
+    monkeypatch.setattr(registration, "WARN_AFTER_S", 1.0)
+    with caplog.at_level(logging.DEBUG, logger=registration.__name__):
+        asyncio.run(try_for(0.6))
+    assert caplog.records, "no attempt was made"
+    assert all(r.levelno == logging.DEBUG for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=registration.__name__):
+        asyncio.run(try_for(3.0))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert (
+        len(warnings) == 1 and "could not register with the coordinator" in warnings[0].getMessage()
+    )

@@ -30,6 +30,9 @@ REREGISTER_AFTER_S = 1.0
 #: How often the node checks whether it is due to register again.
 CHECK_INTERVAL_S = 0.25
 _REGISTER_TIMEOUT_S = 5.0
+#: A coordinator unreachable for this long is warned about; a shorter gap (it restarts,
+#: or stops just before its application's node tasks do) is logged at debug level.
+WARN_AFTER_S = 5.0
 
 
 class RegisteringNode(Protocol):
@@ -51,6 +54,7 @@ async def keep_registered(node: RegisteringNode, coordinator: str, membership: M
     )
     backoff = DoublingBackoff(first_s=CHECK_INTERVAL_S, max_s=5.0)
     warned = False
+    failing_since: float | None = None
     async with membership.channel(coordinator) as channel:
         registry = pb_grpc.CoordinatorRegistryStub(channel)
         while True:
@@ -62,8 +66,11 @@ async def keep_registered(node: RegisteringNode, coordinator: str, membership: M
                     request, timeout=_REGISTER_TIMEOUT_S, metadata=membership.metadata
                 )
             except grpc.aio.AioRpcError as e:
-                level = logging.DEBUG if warned else logging.WARNING
-                warned = True
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                due = not warned and now - failing_since >= WARN_AFTER_S
+                level = logging.WARNING if due else logging.DEBUG
+                warned = warned or due
                 log.log(
                     level,
                     "node %s could not register with the coordinator at %s (%s: %s); retrying",
@@ -76,7 +83,7 @@ async def keep_registered(node: RegisteringNode, coordinator: str, membership: M
                 continue
             if warned:
                 log.info("node %s registered with the coordinator at %s", node.name, coordinator)
-            warned = False
+            warned, failing_since = False, None
             backoff = DoublingBackoff(first_s=CHECK_INTERVAL_S, max_s=5.0)
             # Give the coordinator time to dial in before registering again.
             await asyncio.sleep(REREGISTER_AFTER_S + CHECK_INTERVAL_S)
