@@ -25,7 +25,7 @@ if ! command -v azurite-blob >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   if ! command -v npm >/dev/null 2>&1; then
     apt-get update -qq >/dev/null && apt-get install -y -qq npm >/dev/null
   fi
-  npm install --global --silent azurite@3 >/dev/null
+  npm install --global --silent azurite@3.35.0 >/dev/null  # 3.36 and later need Node 21+
 fi
 export PYSPARK_PYTHON="$(python -c 'import sys; print(sys.executable)')"
 export PYSPARK_DRIVER_PYTHON="$PYSPARK_PYTHON"
