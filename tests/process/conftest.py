@@ -43,7 +43,7 @@ def azurite_connection(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     filesystem per connection settings); see `cluster_harness.azurite_blob`. Skipped
     where `azurite-blob` is not installed (scripts/test.sh installs it), except in CI."""
     if shutil.which("azurite-blob") is None and not os.environ.get("CI"):
-        pytest.skip("azurite-blob is not installed (npm install -g azurite)")
+        pytest.skip("azurite-blob is not installed (npm install -g azurite@3.35.0)")
     with azurite_blob(tmp_path_factory.mktemp("azurite")) as connection:
         yield connection
 

@@ -212,6 +212,21 @@ def _first_answers(
     return answers, failures
 
 
+def _answers_of_nodes(
+    calls: dict[_K, grpc.Future], node_of: Callable[[_K], str]
+) -> tuple[dict[_K, Any], dict[_K, grpc.RpcError]]:
+    """`_first_answers` of calls to nodes (`node_of(key)`), kept with the process's
+    suspects: a suspect node is not waited for beyond the others, and a node whose call
+    has not ended once another answered becomes one."""
+    now = time.monotonic()
+    answers, failures = _first_answers(
+        calls, unawaited=[k for k in calls if _suspected(node_of(k), now)]
+    )
+    if answers:
+        _suspect_unfinished((node_of(k), future) for k, future in calls.items())
+    return answers, failures
+
+
 class DataClient:
     """Routing table, channels and per-shard calls of one namespace.
 
@@ -295,13 +310,10 @@ class DataClient:
         knows its latest term lists it (a deposed leader cut off from the cluster still
         lists itself)."""
         request = pb.ListShardsRequest(namespace=self.namespace)
-        nodes, now = self._nodes(), time.monotonic()
-        calls = {a: self._stub(a).ListShards.future(request, timeout=5.0) for a in nodes}
-        answers, failures = _first_answers(
-            calls, unawaited=[a for a in nodes if _suspected(a, now)]
+        answers, failures = _answers_of_nodes(
+            {a: self._stub(a).ListShards.future(request, timeout=5.0) for a in self._nodes()},
+            str,
         )
-        if answers:
-            _suspect_unfinished(calls.items())
         for address, e in failures.items():
             if not isinstance(classify(e), Transient):
                 raise DataClientError(f"{address}: {_describe(e)}", e.code()) from None
@@ -665,10 +677,7 @@ class DataClient:
             for address in {a for a in (shard.leader, *shard.followers) if a}:
                 stub = self._stub(address)
                 calls[shard_id, address] = stub.GetOffsets.future(request, timeout=_CALL_TIMEOUT_S)
-        now = time.monotonic()
-        answers, _ = _first_answers(calls, unawaited=[k for k in calls if _suspected(k[1], now)])
-        if answers:
-            _suspect_unfinished((address, call) for (_, address), call in calls.items())
+        answers, _ = _answers_of_nodes(calls, lambda key: key[1])
         for future in calls.values():
             future.cancel()
         latest: dict[int, Offsets] = {}

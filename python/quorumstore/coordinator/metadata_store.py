@@ -82,9 +82,8 @@ class MetadataStore:
         self.lease: ObjectLease | None = None
         if not self._local:
             self._record = conditional_object(self._fs, self._path)
-            lock = conditional_object(self._fs, self._path + ".lock")
-            if lock is not None:
-                self.lease = ObjectLease(lock, _holder(), lease_s)
+            if self._record is not None:
+                self.lease = ObjectLease(self._record.beside(".lock"), _holder(), lease_s)
 
     @property
     def lock_path(self) -> Path | None:

@@ -54,9 +54,14 @@ class ConditionalObject(ABC):
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str):
         self._fs = fs
+        self.path = path
         self._bucket, self._key, _ = fs.split_path(path)
         #: The ETag of the version this object last read or wrote; None: absent.
         self.etag: str | None = None
+
+    def beside(self, suffix: str) -> ConditionalObject:
+        """The object named `suffix` longer, on the same store."""
+        return type(self)(self._fs, self.path + suffix)
 
     def read(self) -> bytes | None:
         """The object's data (None if absent), remembering its version."""
