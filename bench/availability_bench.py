@@ -15,11 +15,13 @@ history is linearizable. The criterion: at least 80% of the seconds at or above 
 every recovery within 1 s plus the failure timeout (0.5 s).
 
 The Spark kinds (state-store: quorumstore's provider in a streaming aggregation;
-dataframe: a DataFrame append and read back in a loop; change-feed: a streaming read of
-the change feed while our client puts) measure rows per second, each job's or
+dataframe: DataFrame appends and reads back in three loops; change-feed: a streaming
+read of the change feed while our client puts) measure rows per second, each job's or
 micro-batch's rows spread over its time, and a fault's recovery as the delay of the
-first job or micro-batch started after it beyond a fault-free one's median length
-(tests/multihost/spark_availability.py). They share one cluster and one Spark session.
+first micro-batch started after it beyond a fault-free one's median length; for the
+dataframe kind, of a probe job started as the fault takes effect beyond a probe's
+fault-free median (tests/multihost/spark_availability.py). They share one cluster and
+one Spark session.
 
 Usage: python bench/availability_bench.py [--seconds 60] [--seed 1] [--kinds K,...]
   kinds: official-gateway, ours-sync, ours-async, state-store, dataframe, change-feed

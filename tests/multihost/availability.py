@@ -256,11 +256,13 @@ def node_fault_nemesis(
     stop: threading.Event,
     faults: list[Fault],
     until: float,
+    on_fault: Callable[[], None] = lambda: None,
 ) -> None:
     """Every 1-3 s, one fault of FAULT_KINDS on one node for 3-6 s; appends each to
-    `faults` once healed. Nodes are on hosts[0..2], the coordinator on hosts[3]. A fault
-    that could not be held in full before `until` (the phase's end, on the monotonic
-    clock) is not started: cut short at the end, it left no time to see a recovery."""
+    `faults` once healed and calls `on_fault` as each takes effect. Nodes are on
+    hosts[0..2], the coordinator on hosts[3]. A fault that could not be held in full
+    before `until` (the phase's end, on the monotonic clock) is not started: cut short
+    at the end, it left no time to see a recovery."""
     rnd = random.Random(seed)
     everyone = list(hosts)
     host_of: dict[str, Host] = dict(zip(cluster.nodes, everyone, strict=False))
@@ -279,6 +281,7 @@ def node_fault_nemesis(
         else:
             hosts.partition([[host_of[node]], [h for h in everyone if h is not host_of[node]]])
         start = time.monotonic()  # once in effect: a partition takes several iptables calls
+        on_fault()
         try:
             stop.wait(hold_s)  # a stop ends the fault early, so the run ends healed
         finally:
@@ -426,9 +429,16 @@ class Phases:
     faults: list[Fault]
 
 
-def run_phases(hosts: Hosts, cluster: LocalCluster, seconds: float, seed: int) -> Phases:
+def run_phases(
+    hosts: Hosts,
+    cluster: LocalCluster,
+    seconds: float,
+    seed: int,
+    on_fault: Callable[[], None] = lambda: None,
+) -> Phases:
     """Sleeps through a fault-free phase and then a phase under the nemesis, `seconds`
-    each, while the workers (started by the caller) run; ends with every fault healed."""
+    each, while the workers (started by the caller) run; ends with every fault healed.
+    `on_fault` is called as each fault takes effect."""
     stop_nemesis = threading.Event()
     faults: list[Fault] = []
     nemesis: threading.Thread | None = None
@@ -438,7 +448,7 @@ def run_phases(hosts: Hosts, cluster: LocalCluster, seconds: float, seed: int) -
         faulty_start = time.monotonic()
         nemesis = threading.Thread(
             target=node_fault_nemesis,
-            args=(hosts, cluster, seed, stop_nemesis, faults, faulty_start + seconds),
+            args=(hosts, cluster, seed, stop_nemesis, faults, faulty_start + seconds, on_fault),
         )
         nemesis.start()
         time.sleep(seconds)

@@ -11,8 +11,12 @@ the fault took to come back.
 - **state-store**: a rate source (200 rows/s) counted by 20 keys with quorumstore's
   provider, micro-batches back to back; checked: the counts sum to the rows read.
 - **dataframe**: three loops at once of a 50-row append to new keys and a read of them
-  back; checked: every read returned all of its job's rows, and a final read holds every
-  acknowledged job's rows.
+  back (the throughput), and a probe: the same job started as each fault takes effect,
+  and run again until it succeeds (the recovery; in the fault-free phase it runs as
+  often, so its usual length is measured under the same load). Jobs last seconds, so a
+  recovery read from the loops' jobs would also count the wait until a loop is free to
+  start one, which no fault caused. Checked: every read returned all of its job's rows,
+  and a final read holds every acknowledged job's rows.
 - **change-feed**: quorumstore's client puts 100 keys/s while a streaming query reads the
   change feed; checked: every acknowledged put is in the feed.
 """
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import queue
+import random
 import statistics
 import threading
 import time
@@ -40,6 +46,9 @@ STATE_KEYS = 20
 DATAFRAME_ROWS = 50
 #: Job loops of the dataframe kind, running at once.
 DATAFRAME_LOOPS = 3
+#: Seconds between the dataframe kind's probe jobs in the fault-free phase: about as
+#: often as the nemesis's faults (1-3 s apart, each held 3-6 s).
+PROBE_GAP_S = (4.0, 9.0)
 FEED_PUTS_PER_S = 100
 #: How long a streaming query may take to catch up once the faults end.
 DRAIN_TIMEOUT_S = 120.0
@@ -93,29 +102,51 @@ def recovery_after(fault: Fault, spans: list[Span], usual_s: float) -> float:
     return max(first - fault.start - usual_s, 0.0)
 
 
-def _result(kind: str, spans: list[Span], phases: Phases, correct: bool, report: str) -> RunResult:
+def _usual_s(spans: list[Span], phases: Phases) -> tuple[float, float]:
+    """The median and 90th percentile length of the fault-free phase's spans."""
     fault_free = [
         s.end - s.start
         for s in spans
         if phases.fault_free_start <= s.start and s.end <= phases.faulty_start
     ]
     usual_s = statistics.median(fault_free) if fault_free else 0.0
-    # How much a fault-free span varies: a recovery is read against it.
     p90_s = statistics.quantiles(fault_free, n=10)[8] if len(fault_free) >= 2 else usual_s
+    return usual_s, p90_s
+
+
+def _result(
+    kind: str,
+    spans: list[Span],
+    phases: Phases,
+    correct: bool,
+    report: str,
+    probes: list[Span] | None = None,
+) -> RunResult:
+    """The run's result; recoveries are read from `probes` (spans started as each fault
+    took effect) where given, else from `spans`."""
+    usual_s, p90_s = _usual_s(spans, phases)
+    # How much a fault-free span varies: a recovery is read against it.
+    lengths = f"usual span {usual_s:.2f} s (fault-free 90th percentile {p90_s:.2f} s)"
+    timed, timed_usual_s = spans, usual_s
+    if probes is not None:
+        probe_usual_s, probe_p90_s = _usual_s(probes, phases)
+        lengths += f", usual probe {probe_usual_s:.2f} s (90th percentile {probe_p90_s:.2f} s)"
+        # Without a fault-free probe (a short run), a job's usual length stands in.
+        timed, timed_usual_s = probes, probe_usual_s or usual_s
     return RunResult(
         kind,
         spans_phase(spans, phases.fault_free_start, phases.seconds),
         spans_phase(spans, phases.faulty_start, phases.seconds),
         phases.faults,
-        [recovery_after(f, spans, usual_s) for f in phases.faults],
+        [recovery_after(f, timed, timed_usual_s) for f in phases.faults],
         correct,
-        f"usual span {usual_s:.2f} s (fault-free 90th percentile {p90_s:.2f} s); {report}",
+        f"{lengths}; {report}",
         unit="rows/s",
     )
 
 
 def _state_store(
-    spark: Any, run: Callable[[], Phases], checkpoint: Path, offset: float
+    spark: Any, run: Callable[..., Phases], checkpoint: Path, offset: float
 ) -> RunResult:
     from pyspark.sql import functions as F
 
@@ -158,18 +189,19 @@ def _rate_rows_planned(checkpoint: Path) -> int:
     return int(last.read_text().splitlines()[-1]) * RATE_ROWS_PER_S
 
 
-def _dataframe(spark: Any, run: Callable[[], Phases]) -> RunResult:
-    """`DATAFRAME_LOOPS` job loops, each on a thread of its own, the phases on this one.
-    Several loops, like the client kinds' six workers: some job starts soon after each
-    fault, instead of only after the job the fault caught ends."""
+def _dataframe(spark: Any, run: Callable[..., Phases]) -> RunResult:
+    """`DATAFRAME_LOOPS` job loops and the probe (module docstring), each on a thread of
+    its own, the phases on this one."""
     from pyspark.sql import functions as F
 
     spans: list[Span] = []
+    probes: list[Span] = []
     failures: list[str] = []
     timings: list[tuple[float, str, float]] = []  # (job's seconds, job, its write's seconds)
     lock = threading.Lock()
-    warmed = threading.Barrier(DATAFRAME_LOOPS + 1)
+    warmed = threading.Barrier(DATAFRAME_LOOPS + 2)
     stop = threading.Event()
+    faults: queue.SimpleQueue[None] = queue.SimpleQueue()
 
     def job(prefix: str) -> tuple[float, float, int]:
         started = time.monotonic()
@@ -182,59 +214,93 @@ def _dataframe(spark: Any, run: Callable[[], Phases]) -> RunResult:
         read = spark.read.format("quorumstore").option("keyPrefix", prefix).load().count()
         return started, written, read
 
-    def loop(index: int) -> None:
+    def checked_job(name: str) -> bool:
+        """Runs job `name`; whether it succeeded (its failure is reported)."""
+        started = time.monotonic()
+        try:
+            started, written, read = job(f"/df/{name}/")
+        except Exception as e:  # noqa: BLE001 - a failed job is an outcome to report
+            # The end of a data source error's text holds its Python exception.
+            with lock:
+                failures.append(f"job {name}: {type(e).__name__}: ...{str(e)[-400:]}")
+            return False
+        ended = time.monotonic()
+        with lock:
+            if read != DATAFRAME_ROWS:
+                failures.append(f"job {name}: read {read} of {DATAFRAME_ROWS} rows back")
+            timings.append((ended - started, name, written - started))
+        return True
+
+    def warm_up(name: str) -> None:
         # A thread's writes find the Python data source only in its active session.
         spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
-        job(f"/df/{index}/warm-up/")  # starts the Python workers; not measured
+        job(f"/df/{name}/warm-up/")  # starts the Python workers; not measured
         warmed.wait()
+
+    def loop(index: int) -> None:
+        warm_up(str(index))
         n = 0
         while not stop.is_set():
-            name = f"{index}/{n:07d}"
             started = time.monotonic()
-            try:
-                started, written, read = job(f"/df/{name}/")
-            except Exception as e:  # noqa: BLE001 - a failed job is an outcome to report
-                # The end of a data source error's text holds its Python exception.
+            if checked_job(f"{index}/{n:07d}"):
                 with lock:
-                    failures.append(f"job {name}: {type(e).__name__}: ...{str(e)[-400:]}")
-            else:
-                ended = time.monotonic()
-                with lock:
-                    if read != DATAFRAME_ROWS:
-                        failures.append(f"job {name}: read {read} of {DATAFRAME_ROWS} rows back")
-                    spans.append(Span(started, ended, float(DATAFRAME_ROWS)))
-                    timings.append((ended - started, name, written - started))
+                    spans.append(Span(started, time.monotonic(), float(DATAFRAME_ROWS)))
             n += 1
 
-    loops = [
+    def probe() -> None:
+        warm_up("probe")
+        rnd = random.Random(0)
+        faulty = False
+        n = 0
+        while not stop.is_set():
+            try:
+                faults.get(timeout=rnd.uniform(*PROBE_GAP_S))
+                faulty = True
+            except queue.Empty:
+                if faulty:  # in the faulty phase it starts only at faults
+                    continue
+            started = time.monotonic()
+            while not checked_job(f"probe/{n:07d}"):
+                n += 1  # the application's retry, at once
+                if stop.is_set():
+                    return
+            with lock:
+                probes.append(Span(started, time.monotonic(), float(DATAFRAME_ROWS)))
+            n += 1
+
+    threads = [
         threading.Thread(target=loop, args=(i,), name=f"dataframe-{i}", daemon=True)
         for i in range(DATAFRAME_LOOPS)
     ]
-    for thread in loops:
+    threads.append(threading.Thread(target=probe, name="dataframe-probe", daemon=True))
+    for thread in threads:
         thread.start()
     warmed.wait(timeout=300)
     try:
-        phases = run()
+        phases = run(lambda: faults.put(None))
     finally:
         stop.set()
-        for thread in loops:
+        faults.put(None)  # wakes the probe
+        for thread in threads:
             thread.join()
     stored = spark.read.format("quorumstore").option("keyPrefix", "/df/").load().count()
-    acknowledged = (len(spans) + DATAFRAME_LOOPS) * DATAFRAME_ROWS  # with the warm-ups
+    # Every job that returned, with the warm-ups.
+    acknowledged = (len(timings) + len(threads)) * DATAFRAME_ROWS
     correct = not any("read" in f for f in failures) and stored >= acknowledged
     report = (
-        f"{DATAFRAME_LOOPS} loops; {len(spans)} jobs of {DATAFRAME_ROWS} rows acknowledged and "
-        f"read back, {len(failures)} failed{': ' + failures[0] if failures else ''}; {stored} "
-        f"rows stored (every acknowledged one: {stored >= acknowledged})"
+        f"{DATAFRAME_LOOPS} loops and a probe; {len(timings)} jobs of {DATAFRAME_ROWS} rows "
+        f"acknowledged and read back ({len(probes)} probes), {len(failures)} failed"
+        f"{': ' + failures[0] if failures else ''}; {stored} rows stored (every "
+        f"acknowledged one: {stored >= acknowledged})"
     )
     if timings:
         total, name, write = max(timings)
         report += f"; slowest job {name}: {total:.2f} s, its write {write:.2f} s"
-    return _result("dataframe", spans, phases, correct, report)
+    return _result("dataframe", spans, phases, correct, report, probes)
 
 
 def _change_feed(
-    spark: Any, cluster: LocalCluster, run: Callable[[], Phases], checkpoint: Path, offset: float
+    spark: Any, cluster: LocalCluster, run: Callable[..., Phases], checkpoint: Path, offset: float
 ) -> RunResult:
     changes = (
         spark.readStream.format("quorumstore")
@@ -297,9 +363,9 @@ def measure_spark(
     """`kind`'s fault-free and faulty phases, as availability.measure does for clients."""
     offset = time.time() - time.monotonic()
 
-    def run() -> Phases:
+    def run(on_fault: Callable[[], None] = lambda: None) -> Phases:
         time.sleep(2.0)  # the first jobs or micro-batches, which start Python workers, done
-        return run_phases(hosts, cluster, seconds, seed)
+        return run_phases(hosts, cluster, seconds, seed, on_fault)
 
     if kind == "state-store":
         return _state_store(spark, run, root / "state-checkpoint", offset)

@@ -34,11 +34,10 @@ SECONDS = float(os.environ.get("QS_AVAILABILITY_SECONDS", "20"))
 #: Beyond the bound (failure timeout + 1 s) for a loaded CI machine; the bench holds
 #: the bound itself. Without the fixes these tests guard, recoveries take 3-6 s.
 LOAD_ALLOWANCE_S = 0.5
-#: The DataFrame kind's recovery runs to the end of the first job started after the
-#: fault, and its loops start jobs only as the ones under way end (each about 2 s here),
-#: so it varies by up to a job's length more than the others' (up to 1.42 s measured
-#: in the bench, docs/performance.md). Held here to 3 s, which the stalls before the
-#: fixes (the whole fault, or 36-60 s) exceed.
+#: The DataFrame kind's recovery is read from a probe job started at the fault, against
+#: a fault-free probe's median length, and its jobs vary by up to 2 s on a loaded
+#: machine (docs/performance.md). Held here to 3 s, which the stalls before the fixes
+#: (the whole fault, or 36-60 s) exceed.
 DATAFRAME_ALLOWANCE_S = 1.5
 
 
