@@ -12,8 +12,9 @@ the fault took to come back.
   provider, micro-batches back to back; checked: the counts sum to the rows read.
 - **dataframe**: three loops at once of a 50-row append to new keys and a read of them
   back (the throughput), and a probe: the same job started as each fault takes effect,
-  and run again until it succeeds (the recovery; in the fault-free phase it runs as
-  often, so its usual length is measured under the same load). Jobs last seconds, so a
+  and run again until it succeeds, in a scheduler pool of its own that takes the next
+  free task slots (the recovery; in the fault-free phase it runs as often, so its
+  usual length is measured under the same load). Jobs last seconds, so a
   recovery read from the loops' jobs would also count the wait until a loop is free to
   start one, which no fault caused. Checked: every read returned all of its job's rows,
   and a final read holds every acknowledged job's rows.
@@ -49,6 +50,14 @@ DATAFRAME_LOOPS = 3
 #: Seconds between the dataframe kind's probe jobs in the fault-free phase: about as
 #: often as the nemesis's faults (1-3 s apart, each held 3-6 s).
 PROBE_GAP_S = (4.0, 9.0)
+#: The dataframe probe's scheduler pool: its tasks take the executors' next free slots,
+#: so its length varies with the cluster's answers, not with the loops' queued tasks.
+PROBE_POOL = "probe"
+PROBE_POOL_XML = f"""<?xml version="1.0"?>
+<allocations>
+  <pool name="{PROBE_POOL}"><schedulingMode>FIFO</schedulingMode><weight>100</weight><minShare>2</minShare></pool>
+</allocations>
+"""
 FEED_PUTS_PER_S = 100
 #: How long a streaming query may take to catch up once the faults end.
 DRAIN_TIMEOUT_S = 120.0
@@ -61,6 +70,9 @@ def spark_session(address: str, local_dir: Path) -> Any:
     from quorumstore.spark.datasource import register
     from quorumstore.spark.state_store import spark_confs
 
+    local_dir.mkdir(parents=True, exist_ok=True)
+    pools = local_dir / "scheduler-pools.xml"
+    pools.write_text(PROBE_POOL_XML)
     builder = (
         SparkSession.builder.master("local[2]")
         .appName("quorumstore availability")
@@ -68,6 +80,8 @@ def spark_session(address: str, local_dir: Path) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
+        .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file", str(pools))
     )
     for key, value in spark_confs(address, local_dir=str(local_dir)).items():
         builder = builder.config(key, value)
@@ -248,6 +262,7 @@ def _dataframe(spark: Any, run: Callable[..., Phases]) -> RunResult:
             n += 1
 
     def probe() -> None:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", PROBE_POOL)
         warm_up("probe")
         rnd = random.Random(0)
         faulty = False
