@@ -17,6 +17,11 @@ Usage: python bench/client_bench.py [--seconds S] [--callers N] [--keys K] [--sh
 
 from __future__ import annotations
 
+# First: importing quorumstore turns gRPC's fork handlers off, which works only before
+# grpc is imported (quorumstore/__init__.py).
+import quorumstore  # noqa: F401
+
+# isort: split
 import argparse
 import asyncio
 import os

@@ -17,6 +17,11 @@ Usage: python bench/etcd_peer.py [--seconds S] [--latency-n N] [--inflight K] [-
 
 from __future__ import annotations
 
+# First: importing quorumstore turns gRPC's fork handlers off, which works only before
+# grpc is imported (quorumstore/__init__.py).
+import quorumstore  # noqa: F401
+
+# isort: split
 import argparse
 import asyncio
 import os

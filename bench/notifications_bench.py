@@ -12,6 +12,11 @@ Usage: python bench/notifications_bench.py [--subscribers 0,10,30] [--seconds S]
 
 from __future__ import annotations
 
+# First: importing quorumstore turns gRPC's fork handlers off, which works only before
+# grpc is imported (quorumstore/__init__.py).
+import quorumstore  # noqa: F401
+
+# isort: split
 import argparse
 import asyncio
 import subprocess

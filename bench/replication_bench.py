@@ -25,6 +25,11 @@ Usage: python bench/replication_bench.py [--seconds S] [--latency-n N] [--inflig
 
 from __future__ import annotations
 
+# First: importing quorumstore turns gRPC's fork handlers off, which works only before
+# grpc is imported (quorumstore/__init__.py).
+import quorumstore  # noqa: F401
+
+# isort: split
 import abc
 import argparse
 import asyncio

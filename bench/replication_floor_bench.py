@@ -33,6 +33,11 @@ than one batch at a time, as every batch pays the messages' fixed cost.
 
 from __future__ import annotations
 
+# First: importing quorumstore turns gRPC's fork handlers off, which works only before
+# grpc is imported (quorumstore/__init__.py).
+import quorumstore  # noqa: F401
+
+# isort: split
 import argparse
 import asyncio
 import itertools

@@ -18,6 +18,12 @@ runs this interpreter's package the same way.
 
 from __future__ import annotations
 
+# First: importing quorumstore turns gRPC's fork handlers off, which works only before
+# grpc is imported (quorumstore/__init__.py). Scripts that import this harness, the
+# benches among them, may start Spark's JVM (a fork) after their clients ran.
+import quorumstore  # noqa: F401
+
+# isort: split
 import contextlib
 import itertools
 import os

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 # Before anything imports grpc, which reads this once. With gRPC's fork handlers on
@@ -12,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 # wrote did (tests/process/test_forked_children.py). PySpark launches its JVM that way,
 # so a SparkSession created after a client could fail with JAVA_GATEWAY_EXITED. gRPC
 # Python supports gRPC in a forked child only when this is true, which a user may still
-# set before importing quorumstore.
+# set before importing quorumstore. Imported after grpc, it is too late, and says so.
+if "GRPC_ENABLE_FORK_SUPPORT" not in os.environ and "grpc" in sys.modules:
+    warnings.warn(
+        "grpc was imported before quorumstore, so gRPC's fork handlers stay on: a process "
+        "forked after a client ran (PySpark's JVM launch) can abort, seen as "
+        "JAVA_GATEWAY_EXITED. Import quorumstore first, or set GRPC_ENABLE_FORK_SUPPORT "
+        "in the environment (false, or true to keep the handlers and this risk)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 __version__ = "0.1.0"
