@@ -230,7 +230,6 @@ def _dataframe(spark: Any, run: Callable[..., Phases]) -> RunResult:
 
     def checked_job(name: str) -> bool:
         """Runs job `name`; whether it succeeded (its failure is reported)."""
-        started = time.monotonic()
         try:
             started, written, read = job(f"/df/{name}/")
         except Exception as e:  # noqa: BLE001 - a failed job is an outcome to report
@@ -274,6 +273,8 @@ def _dataframe(spark: Any, run: Callable[..., Phases]) -> RunResult:
             except queue.Empty:
                 if faulty:  # in the faulty phase it starts only at faults
                     continue
+            if stop.is_set():  # woken by the end of the run, not by a fault
+                return
             started = time.monotonic()
             while not checked_job(f"probe/{n:07d}"):
                 n += 1  # the application's retry, at once
